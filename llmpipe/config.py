@@ -1,0 +1,191 @@
+"""The pipeline config: one YAML file declares the sources, the store and every stage's settings.
+
+Load with :func:`load_config`, which applies dotted ``key=value`` overrides (``train.lr=3e-4``) and
+turns every validation error into one line naming the file, the dotted key path and the reason::
+
+    configs/x.yaml: dedup.threshold: must be in (0, 1], got 1.5
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from llmpipe.config_base import Section, run_setting
+from llmpipe.curation.augment.config import AugmentConfig
+from llmpipe.curation.config import DedupConfig, LangIdConfig, QualityConfig, SafetyConfig
+from llmpipe.evaluation.config import EvaluateConfig
+from llmpipe.quantization.config import QuantizeConfig
+from llmpipe.serving.config import DeployConfig
+from llmpipe.tokenization.config import TokenizeConfig, TokenizerConfig
+from llmpipe.training.config import TrainConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the file, the key path and the reason."""
+
+
+SourceFormat = Literal["auto", "jsonl", "parquet", "text", "text_lines", "hf_disk", "builtin"]
+
+
+class SourceConfig(Section):
+    """One input: a file, a folder or a glob, in one of the supported formats."""
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1, description="file, folder or glob; 'builtin:tiny' for the shipped corpus")
+    format: SourceFormat = "auto"
+    text_field: str = "text"
+    id_field: str | None = None
+    glob: str = "**/*"
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        if not v.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"must contain only letters, digits, '-' and '_', got {v!r}")
+        return v
+
+
+class IngestConfig(Section):
+    normalization: Literal["NFC", "NFKC", "none"] = "NFC"
+    strip_control: bool = True
+    min_chars: int = Field(1, ge=0)
+    max_docs_per_shard: int = Field(20000, gt=0)
+    read_batch_lines: int = run_setting(8192, gt=0)
+
+
+class RunnerConfig(Section):
+    """How shard-level work runs. None of it changes what the stages produce (not in any key)."""
+
+    kind: Literal["local", "dask"] = "local"
+    workers: int = Field(2, gt=0)
+    dask_address: str | None = None
+    dask_workers: int = Field(2, gt=0)
+    dask_threads_per_worker: int = Field(1, gt=0)
+
+
+class PipelineConfig(Section):
+    name: str = "llmpipe"
+    store: str = ".llmpipe/store"
+    state_dir: str = ".llmpipe"
+    sources: list[SourceConfig] = Field(default_factory=list)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    langid: LangIdConfig = Field(default_factory=LangIdConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    safety: SafetyConfig = Field(default_factory=SafetyConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    quantize: QuantizeConfig = Field(default_factory=QuantizeConfig)
+    deploy: DeployConfig = Field(default_factory=DeployConfig)
+
+    # where the config came from: relative source paths resolve against its folder
+    config_path: str | None = run_setting(None)
+
+    @model_validator(mode="after")
+    def _unique_sources(self) -> PipelineConfig:
+        names = [s.name for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"sources: names must be unique, repeated: {', '.join(dup)}")
+        return self
+
+    def base_dir(self) -> Path:
+        return Path(self.config_path).resolve().parent if self.config_path else Path.cwd()
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (["a","b","c"], value parsed as YAML: numbers, bools, lists, null)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=3e-4")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _looks_like_float(value):
+        value = float(value)  # YAML 1.1 reads 3e-4 as a string
+    return parts, value
+
+
+def _looks_like_float(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return any(c in s.lower() for c in "e.") and not s.lower() in ("nan", "inf", "-inf")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node: Any = data
+        for p in parts[:-1]:
+            if isinstance(node, list) and p.isdigit():
+                node = node[int(p)]
+                continue
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            node = node.setdefault(p, {})
+            if node is None:
+                node = {}
+        if isinstance(node, list) and parts[-1].isdigit():
+            node[int(parts[-1])] = value
+        elif isinstance(node, dict):
+            node[parts[-1]] = value
+        else:
+            raise ConfigError(f"override {item!r}: cannot set a key inside a value")
+    return data
+
+
+def _format_errors(origin: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see the config reference in README.md)"
+        elif "input" in e and e["type"] not in ("missing",) and "got" not in msg:
+            msg = f"{msg}, got {e['input']!r}"
+        lines.append(f"{origin}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read, override and validate a pipeline config; raise ConfigError with file and key on failure."""
+    origin = str(path) if path is not None else "<config>"
+    if data is None:
+        if path is None:
+            data = {}
+        else:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"{origin}: no such config file")
+            try:
+                data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{origin}: invalid YAML: {e}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"{origin}: top level must be a mapping, got {type(data).__name__}")
+    data = json.loads(json.dumps(data, default=str))  # deep copy, plain types
+    data = apply_overrides(data, list(overrides or []))
+    if path is not None:
+        data["config_path"] = str(Path(path).resolve())
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(origin, e)) from None

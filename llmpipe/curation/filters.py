@@ -1,0 +1,235 @@
+"""The filter framework shared by the curation stages (datatrove style, with scores kept).
+
+A :class:`Filter` has a ``name`` and ``filter(doc) -> keep | (False, reason)``. Filters that can
+decide from numbers subclass :class:`ScoredFilter`: ``scores(doc)`` computes every statistic (no
+early exit) and stores it in ``doc.metadata["scores"][name]``, and ``decide(scores)`` applies the
+thresholds. Because the scores travel with the document (kept *and* rejected), a threshold can be
+re-applied later with ``decide`` alone, without recomputing anything.
+
+:func:`apply_filters` owns batching, counting reasons, and writing rejected documents. Every input
+document ends kept, rejected with a reason, or quarantined (a filter raised on it: reason
+``error:<ExceptionType>``, the rest of the shard goes on), so ``in == kept + sum(rejected)``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from llmpipe.document import Document, iter_documents, write_shard
+
+FilterResult = bool | tuple[bool, str]
+
+
+class Filter:
+    """A named keep/drop decision on one document. Subclasses override ``filter`` (or ``filter_batch``)."""
+
+    name: str = "filter"
+
+    def filter(self, doc: Document) -> FilterResult:
+        raise NotImplementedError
+
+    def filter_batch(self, docs: Sequence[Document]) -> list[FilterResult]:
+        """Decide a batch; override when the work vectorizes (e.g. one model call per batch)."""
+        return [self.filter(d) for d in docs]
+
+    def set_scores(self, doc: Document, scores: dict[str, Any]) -> None:
+        doc.metadata.setdefault("scores", {})[self.name] = scores
+
+
+class ScoredFilter(Filter):
+    """A filter whose decision is a pure function of stored scores (thresholds re-appliable)."""
+
+    def scores(self, doc: Document) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decide(self, scores: dict[str, Any]) -> str | None:
+        """The reason to drop, or None to keep."""
+        raise NotImplementedError
+
+    def filter(self, doc: Document) -> FilterResult:
+        s = self.scores(doc)
+        self.set_scores(doc, s)
+        reason = self.decide(s)
+        return True if reason is None else (False, reason)
+
+
+def _normalize(result: FilterResult, default_reason: str) -> str | None:
+    """None when kept, else the drop reason."""
+    if isinstance(result, tuple):
+        keep, reason = result
+        return None if keep else (reason or default_reason)
+    return None if result else default_reason
+
+
+class FilterChain:
+    """Runs filters in order over batches; counts decisions per reason and per filter."""
+
+    def __init__(self, filters: Sequence[Filter]) -> None:
+        names = [f.name for f in filters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"filter names must be unique, got {names}")
+        self.filters = list(filters)
+        self.reasons: Counter[str] = Counter()
+        self.per_filter = {f.name: {"in": 0, "out": 0, "seconds": 0.0} for f in filters}
+        self.n_in = 0
+        self.n_kept = 0
+
+    def run_batch(self, docs: list[Document]) -> tuple[list[Document], list[Document]]:
+        """(kept, rejected); rejected docs carry ``reject_reason`` and ``rejected_by`` in metadata."""
+        self.n_in += len(docs)
+        alive, rejected = docs, []
+        for f in self.filters:
+            if not alive:
+                break
+            t0 = time.perf_counter()
+            results = self._safe_batch(f, alive)
+            stats = self.per_filter[f.name]
+            stats["seconds"] += time.perf_counter() - t0
+            stats["in"] += len(alive)
+            nxt = []
+            for doc, reason in zip(alive, results, strict=True):
+                if reason is None:
+                    nxt.append(doc)
+                    continue
+                doc.metadata["reject_reason"] = reason
+                doc.metadata["rejected_by"] = f.name
+                self.reasons[reason] += 1
+                rejected.append(doc)
+            stats["out"] += len(nxt)
+            alive = nxt
+        self.n_kept += len(alive)
+        return alive, rejected
+
+    def _safe_batch(self, f: Filter, docs: list[Document]) -> list[str | None]:
+        """Reasons per doc. When the batch call raises, retry one by one so only the bad doc is quarantined."""
+        try:
+            return [_normalize(r, f.name) for r in f.filter_batch(docs)]
+        except Exception:  # noqa: BLE001 - isolate the document that breaks the filter
+            out: list[str | None] = []
+            for d in docs:
+                try:
+                    out.append(_normalize(f.filter(d), f.name))
+                except Exception as e:  # noqa: BLE001 - quarantine, never lose the shard
+                    d.metadata["error"] = f"{f.name}: {type(e).__name__}: {str(e)[:300]}"
+                    out.append(f"error:{type(e).__name__}")
+            return out
+
+    def funnel(self) -> dict[str, Any]:
+        return {
+            "in": self.n_in,
+            "kept": self.n_kept,
+            "rejected": dict(sorted(self.reasons.items())),
+            "filters": {k: {**v, "seconds": round(v["seconds"], 4)} for k, v in self.per_filter.items()},
+        }
+
+
+def _batches(docs: Iterable[Document], size: int) -> Iterable[list[Document]]:
+    batch: list[Document] = []
+    for d in docs:
+        batch.append(d)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def apply_filters(
+    shard_in: str | Path,
+    shard_out: str | Path,
+    rejected_out: str | Path,
+    filters: Sequence[Filter],
+    batch_size: int = 1024,
+) -> dict[str, Any]:
+    """Filter one shard: kept docs to ``shard_out``, rejected (reason + scores) to ``rejected_out``.
+
+    Returns the funnel: ``{"in", "kept", "rejected": {reason: n}, "filters": {name: {in, out, seconds}}}``.
+    Both output files are always written (possibly empty), so downstream stages see one shard per input.
+    """
+    chain = FilterChain(filters)
+    kept: list[Document] = []
+    rejected: list[Document] = []
+    t0 = time.perf_counter()
+    for batch in _batches(iter_documents(shard_in), batch_size):
+        k, r = chain.run_batch(batch)
+        kept.extend(k)
+        rejected.extend(r)
+    write_shard(shard_out, kept)
+    write_shard(rejected_out, rejected)
+    funnel = chain.funnel()
+    funnel["seconds"] = round(time.perf_counter() - t0, 4)
+    check_funnel(funnel, where=str(shard_in))
+    return funnel
+
+
+def check_funnel(funnel: dict[str, Any], where: str = "") -> None:
+    """Raise when documents went missing: in must equal kept + sum(rejected)."""
+    total = funnel["kept"] + sum(funnel["rejected"].values())
+    if total != funnel["in"]:
+        raise RuntimeError(f"{where}: funnel does not add up: in={funnel['in']} kept+rejected={total}")
+
+
+def merge_funnels(funnels: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Sum per-shard funnels into the stage funnel."""
+    out: dict[str, Any] = {"in": 0, "kept": 0, "rejected": Counter(), "filters": {}, "seconds": 0.0}
+    for f in funnels:
+        out["in"] += f["in"]
+        out["kept"] += f["kept"]
+        out["rejected"].update(f["rejected"])
+        out["seconds"] += f.get("seconds", 0.0)
+        for name, s in f.get("filters", {}).items():
+            acc = out["filters"].setdefault(name, {"in": 0, "out": 0, "seconds": 0.0})
+            for k in acc:
+                acc[k] += s.get(k, 0)
+    out["rejected"] = dict(sorted(out["rejected"].items()))
+    out["seconds"] = round(out["seconds"], 4)
+    for s in out["filters"].values():
+        s["seconds"] = round(s["seconds"], 4)
+    check_funnel(out, where="merged funnel")
+    return out
+
+
+def funnel_rows(funnel: dict[str, Any]) -> list[dict[str, Any]]:
+    """The funnel as table rows (for the UI): in, one row per reason, kept."""
+    n = max(funnel["in"], 1)
+    rows = [{"step": "in", "docs": funnel["in"], "share": 1.0}]
+    for reason, c in sorted(funnel["rejected"].items(), key=lambda kv: -kv[1]):
+        rows.append({"step": f"rejected: {reason}", "docs": c, "share": round(c / n, 4)})
+    rows.append({"step": "kept", "docs": funnel["kept"], "share": round(funnel["kept"] / n, 4)})
+    return rows
+
+
+def write_funnel(out_dir: Path, funnel: dict[str, Any], title: str) -> tuple[Path, Path]:
+    """Write ``funnel.json`` and a ``funnel.png`` bar chart into ``out_dir``; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js = out_dir / "funnel.json"
+    js.write_text(json.dumps(funnel, indent=2, sort_keys=True))
+    png = out_dir / "funnel.png"
+    _plot_funnel(funnel, title, png)
+    return js, png
+
+
+def _plot_funnel(funnel: dict[str, Any], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = funnel_rows(funnel)
+    labels = [r["step"] for r in rows][::-1]
+    values = [r["docs"] for r in rows][::-1]
+    colors = ["#4c72b0" if lab in ("in", "kept") else "#dd8452" for lab in labels]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    ax.barh(labels, values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v}", va="center", fontsize=8)
+    ax.set_title(title)
+    ax.set_xlabel("documents")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)

@@ -1,0 +1,88 @@
+"""The ``Document`` record and its Parquet shards.
+
+Every curation stage reads and writes shards of the same schema, so any stage's output can be
+opened with ``datasets.load_dataset("parquet", ...)`` or pandas. ``metadata`` is stored as a JSON
+string so that stages can add keys (lang, scores, parent_id, ...) without a schema migration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),
+    ]
+)
+SHARD_GLOB = "*.parquet"
+
+
+@dataclass
+class Document:
+    """One text and where it came from. ``metadata`` holds lang, lang_score, scores, parent_id, ..."""
+
+    id: str
+    text: str
+    source: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def stable_id(source: str, locator: str, text: str) -> str:
+    """A document id that is the same on every run: hash of where it came from and what it says."""
+    h = hashlib.blake2b(digest_size=12)
+    for part in (source, locator, text):
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def to_table(docs: Iterable[Document]) -> pa.Table:
+    ids, texts, sources, metas = [], [], [], []
+    for d in docs:
+        ids.append(d.id)
+        texts.append(d.text)
+        sources.append(d.source)
+        metas.append(json.dumps(d.metadata, ensure_ascii=False, sort_keys=True))
+    return pa.Table.from_arrays(
+        [pa.array(ids, pa.string()), pa.array(texts, pa.string()), pa.array(sources, pa.string()),
+         pa.array(metas, pa.string())],
+        schema=SCHEMA,
+    )
+
+
+def write_shard(path: str | Path, docs: Iterable[Document]) -> int:
+    """Write documents to one Parquet shard (deterministic bytes for the same documents)."""
+    table = to_table(docs)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd", write_statistics=False)
+    return table.num_rows
+
+
+def read_shard(path: str | Path) -> list[Document]:
+    """Read every document of one shard."""
+    return list(iter_documents(path))
+
+
+def iter_documents(path: str | Path, batch_size: int = 4096) -> Iterator[Document]:
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=batch_size):
+        cols = batch.to_pydict()
+        for i, t, s, m in zip(cols["id"], cols["text"], cols["source"], cols["metadata"], strict=True):
+            yield Document(id=i, text=t, source=s, metadata=json.loads(m) if m else {})
+
+
+def shard_paths(directory: str | Path) -> list[Path]:
+    """The document shards of an artifact, in their stable order (``<dir>/shards/*.parquet``)."""
+    return sorted((Path(directory) / "shards").glob(SHARD_GLOB))

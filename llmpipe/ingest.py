@@ -1,0 +1,257 @@
+"""The ``ingest`` stage: raw sources → normalized ``Document`` shards, bad records quarantined.
+
+Each source file is one unit of work (and of caching: a nightly refresh that adds files reads only
+the new ones). Every record read ends as a document or as a quarantine line naming ``file:line``
+and the reason, so ``read = ingested + quarantined`` holds for each file and for the stage.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from llmpipe.document import Document, stable_id, write_shard
+from llmpipe.sources import HashCache, source_files
+from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.store import hash_json
+
+VERSION = "1"
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+class Bad(Exception):
+    """A record that cannot become a document; the message is the quarantine reason."""
+
+
+def normalize(text: str, form: str, strip_control: bool) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if form != "none":
+        text = unicodedata.normalize(form, text)
+    if strip_control:
+        text = _CONTROL.sub("", text)
+    return text
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))  # type: ignore[arg-type]
+    return open(path, "rb")
+
+
+def read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    """Yield (line number, text or Bad, extra metadata) for each non-blank line."""
+    with _open_binary(path) as raw:
+        for n, line in enumerate(raw, start=1):
+            if not line.strip():
+                continue
+            try:
+                s = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield str(n), Bad(f"undecodable bytes (not UTF-8) at byte {e.start}"), {}
+                continue
+            try:
+                rec = json.loads(s)
+            except json.JSONDecodeError as e:
+                yield str(n), Bad(f"malformed JSON: {e.msg} at column {e.colno}"), {}
+                continue
+            if not isinstance(rec, dict):
+                yield str(n), Bad(f"expected a JSON object, got {type(rec).__name__}"), {}
+                continue
+            if text_field not in rec:
+                yield str(n), Bad(f"missing text field {text_field!r}"), {}
+                continue
+            text = rec.pop(text_field)
+            if not isinstance(text, str):
+                yield str(n), Bad(f"text field {text_field!r} is {type(text).__name__}, not a string"), {}
+                continue
+            extra = {k: v for k, v in rec.items() if isinstance(v, (str, int, float, bool)) or v is None}
+            if id_field and id_field in rec:
+                extra["orig_id"] = str(rec[id_field])
+            yield str(n), text, extra
+
+
+def read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if text_field not in pf.schema_arrow.names:
+        raise Bad(f"no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+    row = 0
+    cols = [text_field] + ([id_field] if id_field and id_field in pf.schema_arrow.names else [])
+    for batch in pf.iter_batches(columns=cols, batch_size=8192):
+        data = batch.to_pydict()
+        for i, text in enumerate(data[text_field]):
+            row += 1
+            extra = {"orig_id": str(data[id_field][i])} if len(cols) > 1 else {}
+            if not isinstance(text, str):
+                yield f"row {row}", Bad(f"text is {type(text).__name__}, not a string"), {}
+            else:
+                yield f"row {row}", text, extra
+
+
+def read_text(path: Path, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
+    data = path.read_bytes()
+    if not per_line:
+        try:
+            yield "1", data.decode("utf-8"), {}
+        except UnicodeDecodeError as e:
+            yield "1", Bad(f"undecodable bytes (not UTF-8) at byte {e.start}"), {}
+        return
+    for n, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield str(n), line.decode("utf-8"), {}
+        except UnicodeDecodeError as e:
+            yield str(n), Bad(f"undecodable bytes (not UTF-8) at byte {e.start}"), {}
+
+
+def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    import datasets
+
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        splits = [(name, ds[name]) for name in sorted(ds)]
+    else:
+        splits = [("", ds)]
+    for split, part in splits:
+        if text_field not in part.column_names:
+            raise Bad(f"no column {text_field!r} (columns: {', '.join(part.column_names)})")
+        for i, rec in enumerate(part):
+            loc = f"{split}[{i}]" if split else f"row {i + 1}"
+            text = rec[text_field]
+            extra = {"orig_id": str(rec[id_field])} if id_field and id_field in rec else {}
+            yield loc, text if isinstance(text, str) else Bad("text is not a string"), extra
+
+
+def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    if fmt == "jsonl":
+        return read_jsonl(path, text_field, id_field)
+    if fmt == "parquet":
+        return read_parquet(path, text_field, id_field)
+    if fmt in ("text", "text_lines"):
+        return read_text(path, per_line=fmt == "text_lines")
+    if fmt == "hf_disk":
+        return read_hf_disk(path, text_field, id_field)
+    raise Bad(f"unsupported format {fmt!r}")
+
+
+def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Read one source file into shards under ``out/shards``; quarantine what cannot be read."""
+    path, fmt, rel = Path(arg["path"]), arg["format"], arg["rel"]
+    cfg = arg["config"]
+    where = f"{arg['display']}"
+    reasons: Counter[str] = Counter()
+    quarantine: list[dict[str, Any]] = []
+    docs: list[Document] = []
+    shard_no, read = 0, 0
+
+    def flush() -> None:
+        nonlocal docs, shard_no
+        if docs:
+            write_shard(out / "shards" / f"{arg['prefix']}-{shard_no:05d}.parquet", docs)
+            shard_no += 1
+            docs = []
+
+    try:
+        for loc, text, extra in iter_records(path, fmt, arg["text_field"], arg["id_field"]):
+            read += 1
+            if isinstance(text, Bad):
+                reason = str(text)
+            else:
+                text = normalize(text, cfg["normalization"], cfg["strip_control"])
+                reason = "" if len(text.strip()) >= max(1, cfg["min_chars"]) else "empty text"
+            if reason:
+                reasons[reason.split(":")[0]] += 1
+                quarantine.append({"where": f"{where}:{loc}", "reason": reason})
+                continue
+            meta = {"file": rel, "loc": loc, **extra}
+            docs.append(Document(stable_id(arg["source"], f"{rel}:{loc}", text), text, arg["source"], meta))
+            if len(docs) >= cfg["max_docs_per_shard"]:
+                flush()
+    except Bad as e:  # the whole file is unreadable (e.g. missing column)
+        read += 1
+        reasons[str(e).split(":")[0]] += 1
+        quarantine.append({"where": where, "reason": str(e)})
+    except (OSError, EOFError, ValueError) as e:  # corrupt compressed stream and the like
+        read += 1
+        reasons["unreadable file"] += 1
+        quarantine.append({"where": f"{where}", "reason": f"unreadable file: {type(e).__name__}: {e}"})
+    flush()
+    if quarantine:
+        (out / "quarantine.jsonl").write_text(
+            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
+    ingested = read - len(quarantine)
+    return {"read": read, "ingested": ingested, "quarantined": len(quarantine), "reasons": dict(reasons)}
+
+
+@stage("ingest", version=VERSION, config_field="ingest", flow="data_refresh")
+def run_ingest(ctx: StageContext) -> dict[str, Any]:
+    """Read every declared source into normalized Document shards; quarantine bad records."""
+    units = ctx.extra["files"]
+    items = []
+    for u in units:
+        arg = {**u, "config": ctx.config.key_dict()}
+        shard_key = hash_json(["ingest", VERSION, arg["config"], u["source"], u["rel"], u["format"],
+                               u["text_field"], u["id_field"], u["sha256"]])
+        items.append((shard_key, arg))
+    results = ctx.cached_map(ingest_file, items, desc="ingest files")
+    totals: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    per_source: dict[str, Counter[str]] = {}
+    quarantine_lines: list[str] = []
+    for (shard_dir, stats), (_, arg) in zip(results, items, strict=True):
+        for f in sorted((shard_dir / "shards").glob("*.parquet")):
+            link_file(f, ctx.out / "shards" / f.name)
+        q = shard_dir / "quarantine.jsonl"
+        if q.is_file():
+            quarantine_lines.append(q.read_text())
+        for k in ("read", "ingested", "quarantined"):
+            totals[k] += stats[k]
+            per_source.setdefault(arg["source"], Counter())[k] += stats[k]
+        reasons.update(stats["reasons"])
+    (ctx.out / "shards").mkdir(parents=True, exist_ok=True)
+    if quarantine_lines:
+        (ctx.out / "quarantine.jsonl").write_text("".join(quarantine_lines))
+    assert totals["read"] == totals["ingested"] + totals["quarantined"]
+    rows = [{"source": s, **dict(c)} for s, c in sorted(per_source.items())]
+    ctx.report_table("ingest-counts", "Ingest: documents read, ingested and quarantined", rows)
+    ctx.log.info("ingest: read %d, ingested %d, quarantined %d", totals["read"], totals["ingested"],
+                 totals["quarantined"])
+    return {**dict(totals), "quarantine_reasons": dict(reasons), "files": len(items),
+            "sources": {u["source"]: u["source_key"] for u in units}, "per_source": rows}
+
+
+def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The files to ingest and each source's content key (``source:<name>`` inputs of the stage)."""
+    cache = HashCache(state_dir / "source-hashes.json")
+    units: list[dict[str, Any]] = []
+    keys: dict[str, str] = {}
+    for src in pipeline.sources:
+        files = source_files(src, pipeline.base_dir(), state_dir)
+        parts = []
+        for path, fmt, rel in files:
+            digest = cache.sha256(path)
+            parts.append((rel, fmt, digest))
+            units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,
+                          "display": f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path),
+                          "prefix": f"{src.name}-{digest[:12]}", "text_field": src.text_field,
+                          "id_field": src.id_field})
+        keys[f"source:{src.name}"] = hash_json(parts)
+        for u in units:
+            if u["source"] == src.name:
+                u["source_key"] = keys[f"source:{src.name}"]
+    cache.save()
+    return units, keys

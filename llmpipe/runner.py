@@ -1,0 +1,181 @@
+"""Plan and run the DAG without Prefect: keys first, then stages in order, reusing what exists.
+
+A stage's key depends only on its code version, its config and its inputs' keys, so the whole plan
+(every stage's key, and whether the store already holds it) is known before any work starts. The
+Prefect layer (``tasks/``, ``flows/``) calls :func:`execute` inside a task; tests and notebooks can
+call :func:`run_pipeline` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import PipelineConfig
+from llmpipe.pipeline import load_stages
+from llmpipe.stage import LocalRunner, ShardRunner, StageContext, StageSpec
+from llmpipe.store import Artifact, ArtifactStore, stage_key
+
+log = logging.getLogger("llmpipe.runner")
+REPORTS = "reports.json"
+
+
+class StageFailed(RuntimeError):
+    """A stage raised; the message names the stage."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"stage {stage!r} failed: {type(error).__name__}: {error}")
+        self.stage = stage
+        self.error = error
+
+
+class MissingInput(RuntimeError):
+    pass
+
+
+@dataclass
+class PlannedStage:
+    spec: StageSpec
+    key: str
+    key_config: Any
+    input_keys: dict[str, str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def state_dir(cfg: PipelineConfig) -> Path:
+    p = Path(cfg.state_dir)
+    return p if p.is_absolute() else Path.cwd() / p
+
+
+def open_store(cfg: PipelineConfig) -> ArtifactStore:
+    return ArtifactStore(cfg.store, cache_dir=state_dir(cfg) / "store-cache")
+
+
+def section(cfg: PipelineConfig, spec: StageSpec) -> Any:
+    return getattr(cfg, spec.config_field) if spec.config_field else None
+
+
+def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
+    """Every stage's key, in DAG order. Raw sources are hashed here (with a size/mtime fast path)."""
+    from llmpipe.ingest import plan_inputs
+
+    stages = load_stages()
+    out: dict[str, PlannedStage] = {}
+    for name, spec in stages.items():
+        sec = section(cfg, spec)
+        key_config = sec.key_dict() if sec is not None else None
+        extra: dict[str, Any] = {}
+        if name == "ingest":
+            files, input_keys = plan_inputs(cfg, state_dir(cfg))
+            extra["files"] = files
+        else:
+            input_keys = {dep: out[dep].key for dep in spec.inputs}
+        key = stage_key(name, spec.version, key_config, input_keys)
+        out[name] = PlannedStage(spec, key, key_config, input_keys, extra)
+    return out
+
+
+def select(planned: dict[str, PlannedStage], flow: str | None = None, start: str | None = None,
+           until: str | None = None) -> list[PlannedStage]:
+    """The stages a run executes: a flow's stages (``None``/``lifecycle``: all), cut by --from/--until."""
+    names = list(planned)
+    for opt, val in (("--from", start), ("--until", until)):
+        if val is not None and val not in planned:
+            raise ValueError(f"{opt} {val}: unknown stage; stages: {', '.join(names)}")
+    lo = names.index(start) if start else 0
+    hi = names.index(until) if until else len(names) - 1
+    chosen = [planned[n] for n in names[lo : hi + 1]]
+    if flow and flow != "lifecycle":
+        chosen = [p for p in chosen if p.spec.flow == flow]
+    return chosen
+
+
+def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstream: dict[str, Artifact],
+            runner: ShardRunner | None = None, logger: logging.Logger | None = None,
+            on_progress: Callable[[str, int, int], None] | None = None) -> tuple[Artifact, bool, float]:
+    """Reuse the stage's artifact if it verifies, else compute and publish it: (artifact, ran, seconds)."""
+    t0 = time.time()
+    hit = store.get(ps.name, ps.key)
+    if hit is not None:
+        return hit, False, time.time() - t0
+    missing = [d for d in ps.spec.inputs if d not in upstream]
+    if missing:
+        raise MissingInput(f"stage {ps.name!r}: inputs {missing} not given")
+    tmp = store.new_tmp_dir(ps.name, ps.key)
+    ctx = StageContext(
+        spec=ps.spec, config=section(cfg, ps.spec), pipeline=cfg, key=ps.key, out=tmp,
+        inputs={d: upstream[d].path for d in ps.spec.inputs}, input_keys=dict(ps.input_keys),
+        store=store, runner=runner or LocalRunner(cfg.runner.workers),
+        log=logger or logging.getLogger(f"llmpipe.{ps.name}"), on_progress=on_progress, extra=ps.extra,
+    )
+    try:
+        stats = ps.spec.fn(ctx) or {}
+        (tmp / REPORTS).write_text(json.dumps([r.__dict__ for r in ctx.reports], default=str, indent=1))
+        art = store.publish(ps.name, ps.key, tmp, version=ps.spec.version, config=ps.key_config,
+                            inputs=ps.input_keys, stats=stats, started=t0)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise StageFailed(ps.name, e) from e
+    return art, True, time.time() - t0
+
+
+def resolve_upstream(store: ArtifactStore, planned: dict[str, PlannedStage], chosen: list[PlannedStage],
+                     ) -> dict[str, Artifact]:
+    """Artifacts of the stages a run needs but does not execute (e.g. ``--from pretrain``)."""
+    chosen_names = {p.name for p in chosen}
+    needed = {d for p in chosen for d in p.spec.inputs if d not in chosen_names}
+    out = {}
+    for name in needed:
+        art = store.get(name, planned[name].key)
+        if art is None:
+            raise MissingInput(
+                f"stage {name!r} (key {planned[name].key[:12]}) has no artifact in {store.url}; "
+                f"run it first (e.g. `llmpipe run CONFIG --until {name}` or the data_refresh flow)")
+        out[name] = art
+    return out
+
+
+@dataclass
+class StageRun:
+    stage: str
+    key: str
+    ran: bool
+    seconds: float
+    path: str
+    stats: dict[str, Any]
+
+
+def run_pipeline(cfg: PipelineConfig, flow: str | None = None, start: str | None = None,
+                 until: str | None = None) -> list[StageRun]:
+    """Run (or reuse) the selected stages in order, without Prefect."""
+    store = open_store(cfg)
+    planned = plan(cfg)
+    chosen = select(planned, flow, start, until)
+    arts = resolve_upstream(store, planned, chosen)
+    runs = []
+    for ps in chosen:
+        art, ran, secs = execute(cfg, store, ps, arts)
+        arts[ps.name] = art
+        runs.append(StageRun(ps.name, ps.key, ran, secs, str(art.path), art.stats))
+    store.record_run({"flow": flow or "lifecycle", "artifacts": {r.stage: r.key for r in runs},
+                      "pid": os.getpid(), "time": time.time()})
+    return runs
+
+
+def summarize_stats(stats: dict[str, Any], limit: int = 4) -> str:
+    """A short 'k=v' string of a stage's top-level numeric stats, for tables."""
+    items = [(k, v) for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in items[:limit])

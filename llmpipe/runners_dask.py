@@ -1,0 +1,149 @@
+"""Shard-level work on a Dask cluster: the same stage code, the same artifacts, more machines.
+
+``runner.kind: dask`` in the config selects :class:`DaskRunner`. It connects to an existing
+``distributed`` scheduler (``runner.dask_address``) or starts one :class:`~distributed.LocalCluster`
+per process on 127.0.0.1 (``runner.dask_workers`` processes), which the Prefect flows' DaskTaskRunner
+reuses (``flows/ops.py:make_task_runner``), so Prefect tasks and shard jobs share one cluster.
+
+When ``map`` is called from inside a Dask worker (a Prefect task running on the cluster), it uses
+``worker_client()``, which secedes the calling task from the worker's thread pool while it waits,
+so shard jobs submitted from a task cannot deadlock the cluster.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llmpipe.stage import LocalRunner, ShardRunner
+
+_CLUSTERS: dict[tuple[int, int], Any] = {}
+_LOCK = threading.Lock()
+
+
+def shared_local_cluster(n_workers: int = 2, threads_per_worker: int = 1) -> Any:
+    """One LocalCluster per (workers, threads) in this process, on 127.0.0.1, without a dashboard.
+
+    Shared so that the Prefect task runner and the shard runner of one flow run use the same
+    worker processes; closed when the interpreter exits.
+    """
+    from distributed import LocalCluster
+
+    key = (int(n_workers), int(threads_per_worker))
+    with _LOCK:
+        cluster = _CLUSTERS.get(key)
+        if cluster is None or cluster.status.name in ("closing", "closed", "failed"):
+            cluster = LocalCluster(
+                n_workers=key[0], threads_per_worker=key[1], processes=True,
+                host="127.0.0.1", dashboard_address=None,
+            )
+            _CLUSTERS[key] = cluster
+        return cluster
+
+
+@atexit.register
+def close_local_clusters() -> None:
+    """Close every LocalCluster this process started (also called by tests and benchmarks)."""
+    with _LOCK:
+        for cluster in _CLUSTERS.values():
+            with contextlib.suppress(Exception):
+                cluster.close()
+        _CLUSTERS.clear()
+
+
+def _inside_dask_worker() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+        return True
+    except (ImportError, ValueError):
+        return False
+
+
+class DaskRunner:
+    """Runs ``fn`` over items as Dask futures; results come back in input order.
+
+    ``address`` is an existing scheduler (``tcp://host:8786``); without it a shared LocalCluster
+    with ``n_workers`` worker processes is started on first use.
+    """
+
+    def __init__(self, address: str | None = None, n_workers: int = 2, threads_per_worker: int = 1) -> None:
+        if n_workers < 1 or threads_per_worker < 1:
+            raise ValueError(f"DaskRunner: n_workers and threads_per_worker must be >= 1, "
+                             f"got {n_workers} and {threads_per_worker}")
+        self.address = address
+        self.n_workers = int(n_workers)
+        self.threads_per_worker = int(threads_per_worker)
+        self._client: Any = None
+
+    @property
+    def scheduler_address(self) -> str:
+        """The scheduler this runner submits to (starting the LocalCluster if needed)."""
+        if self.address:
+            return self.address
+        return str(shared_local_cluster(self.n_workers, self.threads_per_worker).scheduler_address)
+
+    @property
+    def workers(self) -> int:
+        """Total worker threads on the cluster: used to size batches of shard jobs."""
+        if self._client is None and self.address is None and not _CLUSTERS:
+            return self.n_workers * self.threads_per_worker
+        try:
+            info = self.client().scheduler_info(n_workers=-1)["workers"]
+            return max(1, sum(int(w.get("nthreads", 1)) for w in info.values()))
+        except Exception:  # noqa: BLE001 - a sizing hint must never fail the run
+            return self.n_workers * self.threads_per_worker
+
+    def client(self) -> Any:
+        """A client connected to the scheduler (created once, reused)."""
+        from distributed import Client
+
+        if self._client is None or self._client.status in ("closing", "closed"):
+            self._client = Client(self.scheduler_address, set_as_default=False)
+        return self._client
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        items = list(items)
+        if not items:
+            return []
+        if _inside_dask_worker():
+            from distributed import worker_client
+
+            with worker_client() as wc:
+                return list(wc.gather(wc.map(fn, items, pure=False)))
+        client = self.client()
+        return list(client.gather(client.map(fn, items, pure=False)))
+
+    def close(self) -> None:
+        """Close this runner's client (the shared LocalCluster stays up until exit)."""
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a live client does not pickle
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+
+def shard_runner_from_config(runner_cfg: Any) -> ShardRunner:
+    """Build the shard runner that ``runner:`` in the pipeline config asks for.
+
+    ``runner_cfg`` is ``PipelineConfig.runner`` (kind, workers, dask_address, dask_workers,
+    dask_threads_per_worker).
+    """
+    kind = getattr(runner_cfg, "kind", "local")
+    if kind == "local":
+        return LocalRunner(int(getattr(runner_cfg, "workers", 1)))
+    if kind == "dask":
+        return DaskRunner(
+            address=getattr(runner_cfg, "dask_address", None) or None,
+            n_workers=int(getattr(runner_cfg, "dask_workers", 2)),
+            threads_per_worker=int(getattr(runner_cfg, "dask_threads_per_worker", 1)),
+        )
+    raise ValueError(f"runner.kind must be 'local' or 'dask', got {kind!r}")

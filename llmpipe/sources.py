@@ -1,0 +1,114 @@
+"""Raw sources: finding their files and keying them by content.
+
+A source's key is the hash of its files' (relative path, sha256) pairs, so moving the folder keeps
+the cache and touching a file does not fool it. Hashing a large corpus on every run would be slow,
+so a per-machine cache remembers each file's (size, mtime) → sha256: a file whose size and mtime
+are unchanged is not re-read (the fast path); anything else is hashed again.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from llmpipe.store import hash_json, sha256_file
+
+BUILTIN_PREFIX = "builtin:"
+_TEXT_EXT = (".txt", ".md", ".rst", ".text")
+_JSONL_EXT = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson")
+_PARQUET_EXT = (".parquet", ".pq")
+_lock = threading.Lock()
+
+
+class SourceError(ValueError):
+    pass
+
+
+def detect_format(path: Path, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "state.json").is_file():
+            return "hf_disk"
+        return "folder"
+    name = path.name.lower()
+    if name.endswith(_JSONL_EXT):
+        return "jsonl"
+    if name.endswith(_PARQUET_EXT):
+        return "parquet"
+    if name.endswith(_TEXT_EXT):
+        return "text"
+    raise SourceError(f"{path}: cannot tell the format from the name; set format in the source config")
+
+
+def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path, str, str]]:
+    """The files of a source as (path, format, relative name), in a stable order."""
+    if src.path.startswith(BUILTIN_PREFIX):
+        from llmpipe.data.builtin_corpus import materialize
+
+        root = materialize(src.path[len(BUILTIN_PREFIX):], state_dir / "builtin")
+        return [(p, "jsonl", p.relative_to(root).as_posix()) for p in sorted(root.glob("*.jsonl"))]
+    raw = Path(os.path.expanduser(src.path))
+    path = raw if raw.is_absolute() else base_dir / raw
+    if any(c in src.path for c in "*?["):
+        matches = sorted(Path(p) for p in _glob.glob(str(path), recursive=True))
+        files = [p for p in matches if p.is_file()]
+        if not files:
+            raise SourceError(f"sources.{src.name}.path: no files match {src.path!r}")
+        root = Path(os.path.commonpath([str(p.parent) for p in files]))
+        return [(p, detect_format(p, src.format), p.relative_to(root).as_posix()) for p in files]
+    if not path.exists():
+        raise SourceError(f"sources.{src.name}.path: {path} does not exist")
+    fmt = detect_format(path, src.format)
+    if path.is_file() or fmt == "hf_disk":
+        return [(path, fmt, path.name)]
+    out = []
+    for p in sorted(path.glob(src.glob)):
+        if p.is_file() and not p.name.startswith("."):
+            try:
+                out.append((p, detect_format(p, src.format), p.relative_to(path).as_posix()))
+            except SourceError:
+                continue
+    if not out:
+        raise SourceError(f"sources.{src.name}.path: {path} holds no readable files")
+    return out
+
+
+class HashCache:
+    """sha256 of files, reused while size and mtime are unchanged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.data: dict[str, list[Any]] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            self.data = {}
+        self.dirty = False
+
+    def sha256(self, f: Path) -> str:
+        if f.is_dir():  # a datasets folder: hash of its files
+            parts = [(p.relative_to(f).as_posix(), self.sha256(p)) for p in sorted(f.rglob("*")) if p.is_file()]
+            return hash_json(parts)
+        st = f.stat()
+        k = str(f.resolve())
+        hit = self.data.get(k)
+        if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
+            return hit[2]
+        digest = sha256_file(f)
+        self.data[k] = [st.st_size, st.st_mtime_ns, digest]
+        self.dirty = True
+        return digest
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        with _lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data))
+            os.replace(tmp, self.path)
+        self.dirty = False

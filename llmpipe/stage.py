@@ -1,0 +1,210 @@
+"""The stage contract: a stage is a function of (its config, its input artifacts) -> one directory.
+
+A stage module registers itself with :func:`stage`; adding a stage to the DAG is one import line in
+``llmpipe/pipeline.py``. The runner (``llmpipe.runner`` from plain Python, ``tasks/`` under Prefect)
+computes the stage key, builds a :class:`StageContext` whose ``out`` is a temporary directory, calls
+the stage function, and publishes the directory with its manifest. Stage functions never see
+Prefect: they report progress, tables and images through the context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import multiprocessing as mp
+
+log = logging.getLogger("llmpipe")
+
+FLOWS = ("data_refresh", "pretrain", "release")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What the DAG needs to know about a stage."""
+
+    name: str
+    version: str  # bump when the code changes what the stage produces
+    inputs: tuple[str, ...]
+    config_field: str | None  # attribute of PipelineConfig holding this stage's Section
+    flow: str  # one of FLOWS: the flow that runs it (``lifecycle`` runs all)
+    fn: Callable[[StageContext], dict[str, Any]]
+    description: str = ""
+    enabled: Callable[[Any], bool] | None = None  # pipeline config -> runs? (else passes input through)
+
+
+STAGES: dict[str, StageSpec] = {}
+
+
+def stage(
+    name: str,
+    *,
+    version: str,
+    inputs: Sequence[str] = (),
+    config_field: str | None = None,
+    flow: str = "data_refresh",
+    enabled: Callable[[Any], bool] | None = None,
+) -> Callable[[Callable[[StageContext], dict[str, Any]]], Callable[[StageContext], dict[str, Any]]]:
+    """Register a stage function. ``inputs`` name upstream stages; their artifacts arrive in ctx.inputs."""
+    if flow not in FLOWS:
+        raise ValueError(f"stage {name!r}: flow must be one of {FLOWS}, got {flow!r}")
+
+    def deco(fn: Callable[[StageContext], dict[str, Any]]) -> Callable[[StageContext], dict[str, Any]]:
+        STAGES[name] = StageSpec(
+            name=name, version=version, inputs=tuple(inputs), config_field=config_field or None,
+            flow=flow, fn=fn, description=(fn.__doc__ or "").strip().split("\n")[0], enabled=enabled,
+        )
+        return fn
+
+    return deco
+
+
+class ShardRunner(Protocol):
+    """Runs a picklable top-level function over items; local processes by default, Dask when configured."""
+
+    workers: int
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+
+
+class LocalRunner:
+    """A process pool over shards; ``workers == 1`` runs in-process (no pickling, easy to debug)."""
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = max(1, int(workers))
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        items = list(items)
+        if self.workers == 1 or len(items) <= 1:
+            return [fn(x) for x in items]
+        ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(items)), mp_context=ctx) as pool:
+            return list(pool.map(fn, items))
+
+
+@dataclass
+class Report:
+    """Something for the UI: a table (list of row dicts), markdown text, or an image file in the artifact."""
+
+    kind: str  # "table" | "markdown" | "image"
+    key: str  # a slug: lowercase letters, digits and dashes
+    title: str
+    payload: Any
+
+
+@dataclass
+class StageContext:
+    """What a running stage gets. Write every output file under ``out``."""
+
+    spec: StageSpec
+    config: Any  # this stage's Section (None when the stage has no config)
+    pipeline: Any  # the whole PipelineConfig
+    key: str
+    out: Path
+    inputs: dict[str, Path]
+    input_keys: dict[str, str]
+    store: Any  # llmpipe.store.ArtifactStore
+    runner: ShardRunner = field(default_factory=LocalRunner)
+    log: logging.Logger = field(default_factory=lambda: log)
+    reports: list[Report] = field(default_factory=list)
+    on_progress: Callable[[str, int, int], None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # runner-provided facts (e.g. ingest's files)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def workers(self) -> int:
+        return self.runner.workers
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """Run ``fn`` over items on the shard runner (process pool or Dask)."""
+        return self.runner.map(fn, items)
+
+    def progress(self, desc: str, done: int, total: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(desc, done, total)
+
+    def report_table(self, key: str, title: str, rows: list[dict[str, Any]]) -> None:
+        self.reports.append(Report("table", key, title, rows))
+
+    def report_markdown(self, key: str, title: str, markdown: str) -> None:
+        self.reports.append(Report("markdown", key, title, markdown))
+
+    def report_image(self, key: str, title: str, path: Path) -> None:
+        """``path`` is a PNG inside ``out``; the UI shows it as a markdown image."""
+        self.reports.append(Report("image", key, title, str(path)))
+
+    # -- per-shard cache: a refresh that adds files only processes the new shards ---------------
+    def shard_dir(self, shard_key: str) -> Path:
+        """Where a finished shard result lives in the store (``<store>/<stage>/_shards/<key>``)."""
+        return self.store.shard_cache_root(self.name) / shard_key
+
+    def cached_map(
+        self,
+        fn: Callable[[Any, Path], dict[str, Any]],
+        items: Sequence[tuple[str, Any]],
+        desc: str = "shards",
+    ) -> list[tuple[Path, dict[str, Any]]]:
+        """Run ``fn(arg, out_dir) -> stats`` for each ``(shard_key, arg)`` whose result is not cached.
+
+        ``shard_key`` must hash everything the shard's output depends on (stage version, key config,
+        the input shard's content). Results are written to a temporary sibling and renamed, so a
+        killed run leaves nothing that a later run trusts. Returns ``(shard_dir, stats)`` per item.
+        """
+        todo = [(k, a) for k, a in items if not (self.shard_dir(k) / _DONE).exists()]
+        self.log.info("%s: %d shards, %d cached, %d to compute", self.name, len(items),
+                      len(items) - len(todo), len(todo))
+        if todo:
+            jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
+            done = 0
+            for _ in _chunks(jobs, max(1, self.workers * 4)):
+                self.map(_run_shard_job, _)
+                done += len(_)
+                self.progress(desc, done, len(jobs))
+        results = []
+        for k, _a in items:
+            d = self.shard_dir(k)
+            results.append((d, json.loads((d / _DONE).read_text())))
+        return results
+
+
+_DONE = "_DONE.json"
+
+
+def _chunks(seq: list[Any], n: int) -> list[list[Any]]:
+    return [seq[i : i + n] for i in range(0, len(seq), n)]
+
+
+def _run_shard_job(job: tuple[Callable[[Any, Path], dict[str, Any]], Any, str]) -> None:
+    fn, arg, final = job
+    final_path = Path(final)
+    tmp = final_path.parent / f".tmp-{final_path.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    stats = fn(arg, tmp) or {}
+    stats.setdefault("seconds", round(time.perf_counter() - t0, 4))
+    (tmp / _DONE).write_text(json.dumps(stats, sort_keys=True))
+    try:
+        os.rename(tmp, final_path)
+    except OSError:  # another worker finished the same shard first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def link_file(src: Path, dst: Path) -> None:
+    """Place ``src`` at ``dst`` without copying bytes when the filesystem allows (hard link)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

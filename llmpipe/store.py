@@ -1,0 +1,361 @@
+"""The content-addressed artifact store.
+
+Every stage's output lives at ``<root>/<stage>/<key>/`` where ``key`` hashes the stage name, the
+stage's code version, its canonical config and its inputs' keys (content keys, never paths). An
+artifact is written into a temporary sibling and renamed into place; ``manifest.json`` is written
+last and lists every file with its sha256 and size. No manifest means no artifact, and an artifact
+whose files no longer match their manifest is recomputed, never trusted.
+
+The root is a local path or an fsspec URL (``s3://bucket/llmpipe``, ``memory://x``). Remote roots
+are written by uploading a finished local directory and read through a local cache, because the
+stages (torch, tokenizers, Triton) want real files.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata as _md
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("llmpipe.store")
+
+MANIFEST = "manifest.json"
+RUNS = "_runs"
+_VERSIONED_LIBS = ("llmpipe", "torch", "transformers", "tokenizers", "datasketch", "pyarrow", "numpy",
+                   "deepspeed", "llmcompressor", "prefect")
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def hash_json(obj: Any) -> str:
+    """sha256 of the canonical JSON of ``obj``: the same value always gives the same key."""
+    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_key(stage: str, version: str, config: Any, input_keys: dict[str, str]) -> str:
+    """The identity of a stage's output: what code, with which settings, on which inputs."""
+    return hash_json({"stage": stage, "version": version, "config": config, "inputs": input_keys})
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for name in _VERSIONED_LIBS:
+        try:
+            out[name] = _md.version(name)
+        except _md.PackageNotFoundError:
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class Artifact:
+    stage: str
+    key: str
+    path: Path  # a local directory (for remote roots: the local cache copy)
+    manifest: dict[str, Any]
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.manifest.get("stats", {})
+
+
+class ArtifactStore:
+    """Artifacts by (stage, key), verified on every reuse."""
+
+    def __init__(self, root: str | Path, cache_dir: str | Path | None = None) -> None:
+        import fsspec
+
+        self.url = str(root)
+        self.fs, base = fsspec.core.url_to_fs(self.url)
+        self.is_local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple)
+                                   else (self.fs.protocol,))
+        if self.is_local:
+            self.root = Path(base).resolve()
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.local = self.root
+        else:
+            self.root = Path(base)
+            self.local = Path(cache_dir or Path.cwd() / ".llmpipe" / "store-cache").resolve()
+            self.local.mkdir(parents=True, exist_ok=True)
+
+    # -- paths -----------------------------------------------------------------------------------
+    def path(self, stage: str, key: str) -> Path:
+        """Local directory of an artifact (the cache copy for a remote root)."""
+        return self.local / stage / key
+
+    def _remote(self, stage: str, key: str) -> str:
+        return f"{self.root.as_posix()}/{stage}/{key}"
+
+    def shard_cache_root(self, stage: str) -> Path:
+        """Per-shard results reused across runs (always local)."""
+        p = self.local / stage / "_shards"
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def new_tmp_dir(self, stage: str, key: str) -> Path:
+        p = self.local / stage / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        p.mkdir(parents=True)
+        return p
+
+    # -- reading ----------------------------------------------------------------------------------
+    def read_manifest(self, stage: str, key: str) -> dict[str, Any] | None:
+        if not self.is_local:
+            self._download(stage, key)
+        mf = self.path(stage, key) / MANIFEST
+        if not mf.is_file():
+            return None
+        try:
+            return json.loads(mf.read_text())
+        except (OSError, json.JSONDecodeError):
+            log.warning("%s: unreadable manifest; the artifact will be recomputed", mf)
+            return None
+
+    def get(self, stage: str, key: str, verify: bool = True) -> Artifact | None:
+        """The artifact if it exists and (when ``verify``) every file matches its manifest."""
+        manifest = self.read_manifest(stage, key)
+        if manifest is None:
+            return None
+        path = self.path(stage, key)
+        if verify:
+            problems = verify_files(path, manifest, self._stamp_path(stage, key))
+            if problems:
+                for p in problems:
+                    log.warning("%s/%s: %s; recomputing the stage", stage, key[:12], p)
+                return None
+        return Artifact(stage, key, path, manifest)
+
+    def _stamp_path(self, stage: str, key: str) -> Path:
+        return self.local / stage / ".stamps" / f"{key}.json"
+
+    def _download(self, stage: str, key: str) -> None:
+        local = self.path(stage, key)
+        if (local / MANIFEST).is_file():
+            return
+        remote = self._remote(stage, key)
+        if not self.fs.exists(f"{remote}/{MANIFEST}"):
+            return
+        tmp = self.new_tmp_dir(stage, key)
+        self.fs.get(remote + "/", str(tmp), recursive=True)
+        _rename_into_place(tmp, local)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def publish(self, stage: str, key: str, tmp: Path, *, version: str, config: Any,
+                inputs: dict[str, str], stats: dict[str, Any], started: float) -> Artifact:
+        """Hash every file of ``tmp``, write the manifest last, and move the directory into place."""
+        files = {}
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file() and f.name != MANIFEST:
+                files[f.relative_to(tmp).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+        manifest = {
+            "stage": stage, "key": key, "version": version, "config": config, "inputs": inputs,
+            "files": files, "stats": stats,
+            "timings": {"started": _iso(started), "seconds": round(time.time() - started, 3)},
+            "created": _iso(time.time()), "versions": library_versions(),
+        }
+        _write_json_atomic(tmp / MANIFEST, manifest)
+        final = self.path(stage, key)
+        if final.exists():  # a stale, unverifiable copy: replace it
+            shutil.rmtree(final)
+        _rename_into_place(tmp, final)
+        if not self.is_local:
+            remote = self._remote(stage, key)
+            rtmp = f"{self.root.as_posix()}/{stage}/.tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+            for rel in files:  # data first, manifest last: no manifest, no artifact
+                self.fs.put_file(str(final / rel), f"{rtmp}/{rel}")
+            self.fs.put_file(str(final / MANIFEST), f"{rtmp}/{MANIFEST}")
+            if self.fs.exists(remote):
+                self.fs.rm(remote, recursive=True)
+            self.fs.mv(rtmp, remote, recursive=True)
+        self._write_stamp(stage, key, manifest)
+        return Artifact(stage, key, final, manifest)
+
+    def _write_stamp(self, stage: str, key: str, manifest: dict[str, Any]) -> None:
+        base = self.path(stage, key)
+        stamp = {rel: _fingerprint(base / rel) for rel in manifest.get("files", {})}
+        p = self._stamp_path(stage, key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(p, stamp)
+
+    # -- listing, lineage, runs, gc -------------------------------------------------------------
+    def artifacts(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """Every published artifact as (stage, key, manifest), local view."""
+        for stage_dir in sorted(p for p in self.local.iterdir() if p.is_dir() and not p.name.startswith("_")):
+            for art in sorted(stage_dir.iterdir()):
+                mf = art / MANIFEST
+                if art.name.startswith((".", "_")) or not mf.is_file():
+                    continue
+                try:
+                    yield stage_dir.name, art.name, json.loads(mf.read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+
+    def latest(self, stage: str, exclude_key: str | None = None) -> Artifact | None:
+        """The most recently created artifact of a stage (e.g. the previous evaluation), verified."""
+        best: tuple[str, str] | None = None
+        for st, key, mf in self.artifacts():
+            if st == stage and key != exclude_key and (best is None or mf.get("created", "") > best[0]):
+                best = (mf.get("created", ""), key)
+        return self.get(stage, best[1]) if best else None
+
+    def find(self, key_or_path: str) -> tuple[str, str] | None:
+        """Resolve a key, a unique key prefix, ``stage/key`` or an artifact path to (stage, key)."""
+        p = Path(key_or_path)
+        if (p / MANIFEST).is_file():
+            mf = json.loads((p / MANIFEST).read_text())
+            return mf["stage"], mf["key"]
+        text = key_or_path.strip().rstrip("/")
+        if "/" in text:
+            stage, _, prefix = text.rpartition("/")
+            stage = Path(stage).name
+        else:
+            stage, prefix = "", text
+        hits = [(s, k) for s, k, _ in self.artifacts() if k.startswith(prefix) and (not stage or s == stage)]
+        return hits[0] if len(hits) == 1 else None
+
+    def lineage(self, stage: str, key: str) -> list[dict[str, Any]]:
+        """The chain from an artifact back to the raw sources, depth first."""
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[str, str]] = set()
+
+        def walk(st: str, k: str, depth: int) -> None:
+            if (st, k) in seen:
+                return
+            seen.add((st, k))
+            mf = self.read_manifest(st, k)
+            if mf is None:
+                out.append({"depth": depth, "stage": st, "key": k, "missing": True})
+                return
+            out.append({"depth": depth, "stage": st, "key": k, "created": mf.get("created"),
+                        "sources": mf.get("stats", {}).get("sources")})
+            for in_name, in_key in sorted(mf.get("inputs", {}).items()):
+                if in_name.startswith("source:"):
+                    out.append({"depth": depth + 1, "stage": in_name, "key": in_key, "source": True})
+                else:
+                    walk(in_name, in_key, depth + 1)
+
+        walk(stage, key, 0)
+        return out
+
+    def record_run(self, run: dict[str, Any]) -> Path:
+        """Remember which artifacts a run reached: ``gc`` keeps what any recorded run reaches."""
+        d = self.local / RUNS
+        d.mkdir(parents=True, exist_ok=True)
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        p = d / f"{stamp}-{uuid.uuid4().hex[:6]}.json"
+        _write_json_atomic(p, run)
+        return p
+
+    def reachable(self) -> set[tuple[str, str]]:
+        keep: set[tuple[str, str]] = set()
+        for f in sorted((self.local / RUNS).glob("*.json")) if (self.local / RUNS).is_dir() else []:
+            try:
+                run = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            for st, k in run.get("artifacts", {}).items():
+                for node in self.lineage(st, k):
+                    if not node.get("source") and not node.get("missing"):
+                        keep.add((node["stage"], node["key"]))
+        return keep
+
+    def gc(self, dry_run: bool = True) -> list[tuple[str, int]]:
+        """Artifacts no recorded run reaches, and temporary leftovers of killed runs: (path, bytes)."""
+        keep = self.reachable()
+        doomed: list[Path] = []
+        for stage_dir in (p for p in self.local.iterdir() if p.is_dir() and not p.name.startswith("_")):
+            for art in stage_dir.iterdir():
+                if art.name.startswith(".tmp-"):
+                    doomed.append(art)
+                elif not art.name.startswith((".", "_")) and (stage_dir.name, art.name) not in keep:
+                    doomed.append(art)
+        out = [(str(p), _du(p)) for p in sorted(doomed)]
+        if not dry_run:
+            for p in doomed:
+                shutil.rmtree(p, ignore_errors=True)
+                stamp = p.parent / ".stamps" / f"{p.name}.json"
+                stamp.unlink(missing_ok=True)
+        return out
+
+
+def verify_files(path: Path, manifest: dict[str, Any], stamp_path: Path | None = None) -> list[str]:
+    """Problems with an artifact's files; empty when every file matches size and sha256.
+
+    Hashing every file on every reuse would make a no-change rerun slow, so a stamp of
+    (size, mtime, inode) taken at the last verification lets unchanged files skip the hash;
+    anything that differs from the stamp (a touched or edited file) is hashed again.
+    """
+    stamp: dict[str, Any] = {}
+    if stamp_path is not None and stamp_path.is_file():
+        try:
+            stamp = json.loads(stamp_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            stamp = {}
+    problems, new_stamp = [], {}
+    for rel, info in manifest.get("files", {}).items():
+        f = path / rel
+        if not f.is_file():
+            problems.append(f"file {rel} is missing")
+            continue
+        fp = _fingerprint(f)
+        if fp[0] != info["bytes"]:
+            problems.append(f"file {rel} has {fp[0]} bytes, manifest says {info['bytes']}")
+            continue
+        if stamp.get(rel) != list(fp) and sha256_file(f) != info["sha256"]:
+            problems.append(f"file {rel} was modified (sha256 differs from the manifest)")
+            continue
+        new_stamp[rel] = list(fp)
+    if not problems and stamp_path is not None and new_stamp != stamp:
+        stamp_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(stamp_path, new_stamp)
+    return problems
+
+
+def _fingerprint(f: Path) -> tuple[int, int, int]:
+    st = f.stat()
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _rename_into_place(tmp: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if (final / MANIFEST).is_file():  # a concurrent run published the same key first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            raise
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _du(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0

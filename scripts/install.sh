@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Extra install steps that pip's dependency list cannot express. Idempotent; run by `make install` and CI.
+set -euo pipefail
+PY="${PYTHON:-.venv/bin/python}"
+APT_UPDATED=0
+apt_install() {  # apt_install BINARY PACKAGE...: install Debian packages when BINARY is missing
+  local bin="$1"; shift
+  command -v "$bin" >/dev/null 2>&1 && return 0
+  if ! command -v apt-get >/dev/null 2>&1; then echo "install.sh: $bin missing and no apt-get; tests needing it skip" >&2; return 0; fi
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  if [ $APT_UPDATED = 0 ]; then $sudo apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+}
+# Headless browser for the Prefect UI end-to-end test (tests/e2e); playwright drives this binary, never downloads one.
+apt_install chromium chromium
