@@ -12,6 +12,7 @@ from llmpipe.stage import STAGES, StageSpec
 
 STAGE_MODULES = [
     "llmpipe.ingest",
+    "llmpipe.curation.stages",  # langid, quality, safety
 ]
 
 

@@ -121,7 +121,8 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
     )
     try:
         stats = ps.spec.fn(ctx) or {}
-        (tmp / REPORTS).write_text(json.dumps([r.__dict__ for r in ctx.reports], default=str, indent=1))
+        (tmp / REPORTS).write_text(json.dumps([_portable(r.__dict__, tmp) for r in ctx.reports],
+                                              default=str, indent=1))
         art = store.publish(ps.name, ps.key, tmp, version=ps.spec.version, config=ps.key_config,
                             inputs=ps.input_keys, stats=stats, started=t0)
     except BaseException as e:
@@ -130,6 +131,15 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
             raise
         raise StageFailed(ps.name, e) from e
     return art, True, time.time() - t0
+
+
+def _portable(report: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """Image paths relative to the artifact (the temporary directory is renamed after the run)."""
+    if report["kind"] == "image":
+        p = Path(report["payload"])
+        if p.is_absolute() and p.is_relative_to(tmp):
+            report = {**report, "payload": p.relative_to(tmp).as_posix()}
+    return report
 
 
 def resolve_upstream(store: ArtifactStore, planned: dict[str, PlannedStage], chosen: list[PlannedStage],

@@ -80,6 +80,13 @@ class DaskRunner:
         self.threads_per_worker = int(threads_per_worker)
         self._client: Any = None
 
+    @classmethod
+    def from_config(cls, runner_cfg: Any) -> DaskRunner:
+        """From ``PipelineConfig.runner`` (dask_address, dask_workers, dask_threads_per_worker)."""
+        return cls(address=getattr(runner_cfg, "dask_address", None) or None,
+                   n_workers=int(getattr(runner_cfg, "dask_workers", 2)),
+                   threads_per_worker=int(getattr(runner_cfg, "dask_threads_per_worker", 1)))
+
     @property
     def scheduler_address(self) -> str:
         """The scheduler this runner submits to (starting the LocalCluster if needed)."""
@@ -141,9 +148,5 @@ def shard_runner_from_config(runner_cfg: Any) -> ShardRunner:
     if kind == "local":
         return LocalRunner(int(getattr(runner_cfg, "workers", 1)))
     if kind == "dask":
-        return DaskRunner(
-            address=getattr(runner_cfg, "dask_address", None) or None,
-            n_workers=int(getattr(runner_cfg, "dask_workers", 2)),
-            threads_per_worker=int(getattr(runner_cfg, "dask_threads_per_worker", 1)),
-        )
+        return DaskRunner.from_config(runner_cfg)
     raise ValueError(f"runner.kind must be 'local' or 'dask', got {kind!r}")

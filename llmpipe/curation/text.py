@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import unicodedata
 from functools import lru_cache
+from pathlib import Path
 
 import regex
 
@@ -29,7 +30,9 @@ _WORD_RE = regex.compile(
     rf"|\.\.+|[^\s{_CJK_CLASS}]",
 )
 _CJK_RE = regex.compile(rf"[{_CJK_CLASS}]")
-_SENT_END_RE = regex.compile(r"[\p{Sentence_Terminal}]+[\"'”’»)\]]*(?=\s|$)")
+# A sentence ends at terminal punctuation followed by space/end; CJK full-width terminals end one anywhere.
+_SENT_END_RE = regex.compile(
+    r"[\p{Sentence_Terminal}]+[\"'”’»)\]」』）]*(?=\s|$)|[。！？｡]+[」』”）]*")
 
 
 def _build_terminal() -> frozenset[str]:
@@ -95,3 +98,35 @@ def duplicate_stats(items: list[str]) -> tuple[int, int]:
         else:
             seen.add(x)
     return dup_n, dup_chars
+
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "curation"
+
+
+def read_word_list(path: str | Path) -> list[str]:
+    """One entry per line; blank lines and ``#`` comments skipped. Errors name the file."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{p}: word list not found") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text ({e})") from None
+    return [w.strip() for w in raw.splitlines() if w.strip() and not w.lstrip().startswith("#")]
+
+
+def shipped_list(kind: str, lang: str) -> Path | None:
+    """A word list shipped with llmpipe (``kind`` = stopwords | blocklist), or None."""
+    p = DATA_DIR / kind / f"{lang}.txt"
+    return p if p.is_file() else None
+
+
+def shipped_languages(kind: str) -> list[str]:
+    return sorted(p.stem for p in (DATA_DIR / kind).glob("*.txt"))
+
+
+@lru_cache(maxsize=64)
+def stop_words(lang: str) -> frozenset[str] | None:
+    """The shipped stop-word set of a language (None when none ships)."""
+    p = shipped_list("stopwords", lang)
+    return frozenset(read_word_list(p)) if p else None

@@ -1,9 +1,62 @@
-"""Config section of the deploy stage and the serving checks."""
+"""Config section of the deploy stage and the serving checks (smoke test, load test, SLO)."""
 
 from __future__ import annotations
 
-from llmpipe.config_base import Section
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from llmpipe.config_base import Section, run_setting
 
 
 class DeployConfig(Section):
-    pass
+    """What the Triton model repository looks like, and how the release checks it.
+
+    Fields that change the generated repository are part of the stage key; ports, load-test sizes
+    and the latency objective are run settings (changing them re-runs no stage).
+    """
+
+    model_name: str = "llmpipe_lm"
+    backend: Literal["python", "vllm"] = "python"  # vllm: Triton's vLLM backend layout (GPU targets only)
+    target: Literal["cpu", "gpu"] = "cpu"  # instance_group kind: KIND_CPU or KIND_GPU
+    instance_count: int = Field(1, ge=1, le=64)
+    max_batch_size: int = Field(32, ge=1, le=1024)
+    dynamic_batching: bool = True
+    preferred_batch_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16, 32])
+    max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000)
+    response_cache: bool = False  # Triton's response cache; use with greedy decoding only
+    max_prompt_tokens: int = Field(512, ge=1)
+    max_tokens_limit: int = Field(256, ge=1)
+    default_max_tokens: int = Field(16, ge=1)
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    container_model_root: str = "/models"  # where the repository is mounted in the production container
+
+    verify: bool = run_setting(True)  # start a local server after writing the repo: smoke + load test
+    load_clients: int = run_setting(4, ge=1, le=256)
+    load_requests: int = run_setting(64, ge=1, le=100_000)
+    load_max_seconds: float = run_setting(60.0, gt=0)
+    load_max_tokens: int = run_setting(8, ge=1)
+    load_protocol: Literal["http", "grpc"] = run_setting("grpc")
+    slo_p99_ms: float = run_setting(200.0, gt=0)
+    startup_timeout_s: float = run_setting(180.0, gt=0)
+
+    @field_validator("model_name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", v):
+            raise ValueError(f"must be letters, digits, '_', '.', '-' (a Triton model name), got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeployConfig:
+        bad = [s for s in self.preferred_batch_sizes if not 1 <= s <= self.max_batch_size]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes must be in [1, max_batch_size={self.max_batch_size}], "
+                             f"got {bad}")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(f"default_max_tokens ({self.default_max_tokens}) must be <= max_tokens_limit "
+                             f"({self.max_tokens_limit})")
+        if self.backend == "vllm" and self.target != "gpu":
+            raise ValueError("backend 'vllm' needs target 'gpu' (Triton's vLLM backend runs on GPUs only)")
+        return self

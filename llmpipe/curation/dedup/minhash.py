@@ -175,136 +175,148 @@ def _signatures_numpy(enc: Encoded, a: np.ndarray, b: np.ndarray, word_ngram: in
 
 # -- numba path -------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=1)
-def _kernel():  # compiled on first use (cached on disk by numba), so importing stays cheap
-    u64 = np.uint64
-    mask = u64(0xFFFFFFFF)
+def _kernel():
+    return _minhash_kernel
 
-    @numba.njit(cache=True, inline="always")
-    def rotl(x, n):
-        return ((x << u64(n)) | (x >> u64(32 - n))) & mask
 
-    @numba.njit(cache=True, inline="always")
-    def msg_byte(buf, s, length, padded, k):
-        if k < length:
-            return u64(buf[s + k])
-        if k == length:
-            return u64(0x80)
-        if k >= padded - 8:
-            bits = u64(length) * u64(8)
-            return (bits >> u64(8 * (padded - 1 - k))) & u64(0xFF)
-        return u64(0)
+def _njit(*args, **kwargs):
+    """``numba.njit`` when numba is installed, else leave the function as plain Python (unused)."""
+    if HAVE_NUMBA:
+        return numba.njit(*args, **kwargs)
+    return lambda fn: fn
 
-    @numba.njit(cache=True)
-    def sha1_32(buf, s, e, w):
-        """First 4 bytes of SHA-1(buf[s:e]) read little-endian (datasketch's sha1_hash32)."""
-        length = e - s
-        padded = ((length + 8) // 64 + 1) * 64
-        h0, h1, h2, h3, h4 = u64(0x67452301), u64(0xEFCDAB89), u64(0x98BADCFE), u64(0x10325476), u64(0xC3D2E1F0)
-        for blk in range(0, padded, 64):
-            if blk + 64 <= length:  # fast path: a block fully inside the message
-                for t in range(16):
-                    p = s + blk + 4 * t
-                    w[t] = (u64(buf[p]) << u64(24)) | (u64(buf[p + 1]) << u64(16)) | \
-                        (u64(buf[p + 2]) << u64(8)) | u64(buf[p + 3])
-            else:
-                for t in range(16):
-                    k = blk + 4 * t
-                    w[t] = (msg_byte(buf, s, length, padded, k) << u64(24)) | \
-                        (msg_byte(buf, s, length, padded, k + 1) << u64(16)) | \
-                        (msg_byte(buf, s, length, padded, k + 2) << u64(8)) | \
-                        msg_byte(buf, s, length, padded, k + 3)
-            for t in range(16, 80):
-                w[t] = rotl(w[t - 3] ^ w[t - 8] ^ w[t - 14] ^ w[t - 16], 1)
-            a, b, c, d, ee = h0, h1, h2, h3, h4
-            for t in range(80):
-                if t < 20:
-                    f = (b & c) | ((~b & mask) & d)
-                    k = u64(0x5A827999)
-                elif t < 40:
-                    f = b ^ c ^ d
-                    k = u64(0x6ED9EBA1)
-                elif t < 60:
-                    f = (b & c) | (b & d) | (c & d)
-                    k = u64(0x8F1BBCDC)
-                else:
-                    f = b ^ c ^ d
-                    k = u64(0xCA62C1D6)
-                tmp = (rotl(a, 5) + f + ee + k + w[t]) & mask
-                ee = d
-                d = c
-                c = rotl(b, 30)
-                b = a
-                a = tmp
-            h0 = (h0 + a) & mask
-            h1 = (h1 + b) & mask
-            h2 = (h2 + c) & mask
-            h3 = (h3 + d) & mask
-            h4 = (h4 + ee) & mask
-        # digest bytes 0..3 are h0 big-endian; "<I" reads them little-endian: a byte swap
-        return ((h0 & u64(0xFF)) << u64(24)) | ((h0 & u64(0xFF00)) << u64(8)) | \
-            ((h0 >> u64(8)) & u64(0xFF00)) | (h0 >> u64(24))
 
-    @numba.njit(cache=True, inline="always")
-    def fmix(h):
-        h ^= h >> u64(16)
-        h = (h * u64(0x85EBCA6B)) & mask
-        h ^= h >> u64(13)
-        h = (h * u64(0xC2B2AE35)) & mask
-        h ^= h >> u64(16)
-        return h
+u64 = np.uint64
+mask = u64(0xFFFFFFFF)
 
-    @numba.njit(cache=True)
-    def kernel(buf, offsets, char_mode, word_n, char_n, a, b, out):
-        n_docs = len(offsets) - 1
-        num_perm = len(a)
-        max_len = 0
-        for d in range(n_docs):
-            max_len = max(max_len, offsets[d + 1] - offsets[d])
-        ustart = np.empty(max_len + 1, np.int64)
-        uend = np.empty(max_len + 1, np.int64)
-        w = np.empty(80, np.uint64)
-        a64 = a.astype(np.uint64)
-        b64 = b.astype(np.uint64)
-        sig = np.empty(num_perm, np.uint64)
-        for d in range(n_docs):
-            s0, e0 = offsets[d], offsets[d + 1]
-            for k in range(num_perm):
-                sig[k] = mask
-            units = 0
-            if e0 > s0:
-                if char_mode[d]:
-                    n = char_n
-                    for p in range(s0, e0):
-                        if (buf[p] & 0xC0) != 0x80:
-                            if units > 0:
-                                uend[units - 1] = p
-                            ustart[units] = p
-                            units += 1
-                    uend[units - 1] = e0
-                else:
-                    n = word_n
-                    ustart[0] = s0
-                    units = 1
-                    for p in range(s0, e0):
-                        if buf[p] == 0x20:
+
+@_njit(cache=True, inline="always")
+def rotl(x, n):
+    return ((x << u64(n)) | (x >> u64(32 - n))) & mask
+
+@_njit(cache=True, inline="always")
+def _load_words(src, base, w):
+    for t in range(16):
+        p = base + 4 * t
+        w[t] = (u64(src[p]) << u64(24)) | (u64(src[p + 1]) << u64(16)) | (u64(src[p + 2]) << u64(8)) | \
+            u64(src[p + 3])
+
+
+@_njit(cache=True, inline="always")
+def _compress(w, h):
+    for t in range(16, 80):
+        w[t] = rotl(w[t - 3] ^ w[t - 8] ^ w[t - 14] ^ w[t - 16], 1)
+    a, b, c, d, e = h[0], h[1], h[2], h[3], h[4]
+    for t in range(20):
+        tmp = (rotl(a, 5) + ((b & c) | ((~b & mask) & d)) + e + u64(0x5A827999) + w[t]) & mask
+        e, d, c, b, a = d, c, rotl(b, 30), a, tmp
+    for t in range(20, 40):
+        tmp = (rotl(a, 5) + (b ^ c ^ d) + e + u64(0x6ED9EBA1) + w[t]) & mask
+        e, d, c, b, a = d, c, rotl(b, 30), a, tmp
+    for t in range(40, 60):
+        tmp = (rotl(a, 5) + ((b & c) | (b & d) | (c & d)) + e + u64(0x8F1BBCDC) + w[t]) & mask
+        e, d, c, b, a = d, c, rotl(b, 30), a, tmp
+    for t in range(60, 80):
+        tmp = (rotl(a, 5) + (b ^ c ^ d) + e + u64(0xCA62C1D6) + w[t]) & mask
+        e, d, c, b, a = d, c, rotl(b, 30), a, tmp
+    h[0] = (h[0] + a) & mask
+    h[1] = (h[1] + b) & mask
+    h[2] = (h[2] + c) & mask
+    h[3] = (h[3] + d) & mask
+    h[4] = (h[4] + e) & mask
+
+
+@_njit(cache=True)
+def sha1_32(buf, s, e, w, h, tail):
+    """First 4 bytes of SHA-1(buf[s:e]) read little-endian (datasketch's sha1_hash32)."""
+    length = e - s
+    h[0], h[1], h[2], h[3], h[4] = u64(0x67452301), u64(0xEFCDAB89), u64(0x98BADCFE), u64(0x10325476), \
+        u64(0xC3D2E1F0)
+    full = length // 64
+    for blk in range(full):
+        _load_words(buf, s + 64 * blk, w)
+        _compress(w, h)
+    rest = length - 64 * full
+    n_tail = 64 if rest < 56 else 128
+    for k in range(n_tail):
+        tail[k] = 0
+    for k in range(rest):
+        tail[k] = buf[s + 64 * full + k]
+    tail[rest] = 0x80
+    bits = u64(length) * u64(8)
+    for k in range(8):
+        tail[n_tail - 1 - k] = (bits >> u64(8 * k)) & u64(0xFF)
+    for base in range(0, n_tail, 64):
+        _load_words(tail, base, w)
+        _compress(w, h)
+    h0 = h[0]
+    # digest bytes 0..3 are h0 big-endian; "<I" reads them little-endian: a byte swap
+    return ((h0 & u64(0xFF)) << u64(24)) | ((h0 & u64(0xFF00)) << u64(8)) | \
+        ((h0 >> u64(8)) & u64(0xFF00)) | (h0 >> u64(24))
+
+
+@_njit(cache=True, inline="always")
+def fmix(h):
+    h ^= h >> u64(16)
+    h = (h * u64(0x85EBCA6B)) & mask
+    h ^= h >> u64(13)
+    h = (h * u64(0xC2B2AE35)) & mask
+    h ^= h >> u64(16)
+    return h
+
+@_njit(cache=True)
+def _minhash_kernel(buf, offsets, char_mode, word_n, char_n, a, b, out):
+    n_docs = len(offsets) - 1
+    num_perm = len(a)
+    max_len = 0
+    for d in range(n_docs):
+        max_len = max(max_len, offsets[d + 1] - offsets[d])
+    ustart = np.empty(max_len + 1, np.int64)
+    uend = np.empty(max_len + 1, np.int64)
+    w = np.empty(80, np.uint64)
+    hstate = np.empty(5, np.uint64)
+    tail = np.empty(128, np.uint8)
+    hs = np.empty(max_len + 1, np.uint32)
+    sig = np.empty(num_perm, np.uint64)
+    for d in range(n_docs):
+        s0, e0 = offsets[d], offsets[d + 1]
+        for k in range(num_perm):
+            sig[k] = mask
+        units = 0
+        if e0 > s0:
+            if char_mode[d]:
+                n = char_n
+                for p in range(s0, e0):
+                    if (buf[p] & 0xC0) != 0x80:
+                        if units > 0:
                             uend[units - 1] = p
-                            ustart[units] = p + 1
-                            units += 1
-                    uend[units - 1] = e0
-            if units > 0:
-                n_sh = 1 if units <= n else units - n + 1
-                for i in range(n_sh):
-                    if units <= n:
-                        ss, se = s0, e0
-                    else:
-                        ss, se = ustart[i], uend[i + n - 1]
-                    h = fmix(sha1_32(buf, ss, se, w))
-                    for k in range(num_perm):
-                        v = (a64[k] * h + b64[k]) & mask
-                        if v < sig[k]:
-                            sig[k] = v
+                        ustart[units] = p
+                        units += 1
+                uend[units - 1] = e0
+            else:
+                n = word_n
+                ustart[0] = s0
+                units = 1
+                for p in range(s0, e0):
+                    if buf[p] == 0x20:
+                        uend[units - 1] = p
+                        ustart[units] = p + 1
+                        units += 1
+                uend[units - 1] = e0
+        if units > 0:
+            n_sh = 1 if units <= n else units - n + 1
+            for i in range(n_sh):
+                if units <= n:
+                    ss, se = s0, e0
+                else:
+                    ss, se = ustart[i], uend[i + n - 1]
+                hs[i] = np.uint32(fmix(sha1_32(buf, ss, se, w, hstate, tail)))
             for k in range(num_perm):
-                out[d, k] = sig[k]
-
-    return kernel
+                ak, bk = a[k], b[k]
+                m = np.uint32(0xFFFFFFFF)
+                for i in range(n_sh):
+                    v = np.uint32(ak * hs[i] + bk)
+                    m = min(m, v)
+                sig[k] = m
+        for k in range(num_perm):
+            out[d, k] = sig[k]

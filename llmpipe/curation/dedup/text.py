@@ -17,6 +17,7 @@ none (its signature is all "empty" values, like a fresh datasketch ``MinHash``).
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 
 # Scripts written without spaces between words: Han, Hiragana, Katakana, Thai, Lao, Khmer, Myanmar.
@@ -24,6 +25,7 @@ _NOSPACE_RANGES = (
     (0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2FA1F),
     (0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF),
 )
+_NOSPACE_RE = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _NOSPACE_RANGES) + "]")
 CHAR_LANGS = frozenset({"zh", "ja", "th", "lo", "km", "my", "yue", "wuu"})
 
 
@@ -39,16 +41,15 @@ def exact_hash(normalized: str) -> int:
 
 
 def nospace_ratio(text: str, sample: int = 2000) -> float:
-    """Share of non-space characters (of the first ``sample``) from scripts written without spaces."""
-    chars = [c for c in text[:sample] if not c.isspace()]
-    if not chars:
+    """Share of non-whitespace characters (of the first ``sample``) from scripts written without spaces."""
+    head = text[:sample]
+    if head.isascii():
         return 0.0
-    hits = 0
-    for c in chars:
-        o = ord(c)
-        if o >= 0x0E00 and any(lo <= o <= hi for lo, hi in _NOSPACE_RANGES):
-            hits += 1
-    return hits / len(chars)
+    visible = len(head) - sum(1 for c in head if c.isspace()) if not head.isprintable() else \
+        len(head) - head.count(" ")
+    if visible <= 0:
+        return 0.0
+    return len(_NOSPACE_RE.findall(head)) / visible
 
 
 def use_char_shingles(normalized: str, lang: str | None, char_ratio: float) -> bool:

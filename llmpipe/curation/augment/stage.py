@@ -1,0 +1,205 @@
+"""The ``augment`` stage: add augmented copies of curated documents, with lineage.
+
+Off unless ``augment.enabled``: then the input shards pass through unchanged (hard links), so the
+artifact is valid and downstream keys stay meaningful. When on, every operator picks the documents
+it touches by a seeded hash of (seed, operator label, document id) below ``fraction``, and each
+augmented document gets:
+
+- a new id (hash of parent id, operator label, seed, variant number),
+- ``metadata``: the parent's metadata plus ``parent_id``, ``augment_op`` (the label),
+  ``augment_type`` and ``augment_seed``.
+
+Output shards keep the input file names: the originals (``keep_originals``) followed by the
+augmented documents, in input order. Shards are cached one by one (``ctx.cached_map``), keyed by
+the stage version, the config and the input shard's sha256, so a refresh augments only new shards.
+Model-based operators name their models by path; the key holds the path, not the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from llmpipe.curation.augment.config import (
+    AugmentConfig,
+    BackTranslationOp,
+    ContextualOp,
+    RestructureOp,
+    SynonymOp,
+    TemplateOp,
+)
+from llmpipe.curation.augment.operators import Outcome, Restructurer, SynonymReplacer, TemplateFiller, lang_of
+from llmpipe.document import Document, read_shard, shard_paths, write_shard
+from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.store import hash_json, sha256_file
+
+VERSION = "1"
+BATCH = 64
+
+
+def unit_hash(*parts: object) -> float:
+    """A float in [0, 1) from the parts: the same on every run, machine and Python version."""
+    h = hashlib.blake2b("\x00".join(map(str, parts)).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def doc_rng(seed: int, label: str, doc_id: str) -> random.Random:
+    h = hashlib.blake2b(f"{seed}\x00{label}\x00{doc_id}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(h, "big"))
+
+
+def child_id(parent_id: str, label: str, seed: int, variant: int) -> str:
+    h = hashlib.blake2b(f"aug\x00{parent_id}\x00{label}\x00{seed}\x00{variant}".encode(), digest_size=12)
+    return h.hexdigest()
+
+
+def build_operator(op: Any, device: str, log: Any = None) -> Any:
+    """The runtime object of one configured operator."""
+    if isinstance(op, SynonymOp):
+        return SynonymReplacer(op)
+    if isinstance(op, RestructureOp):
+        return Restructurer(op, log)
+    if isinstance(op, TemplateOp):
+        return TemplateFiller(op)
+    from llmpipe.curation.augment.models import BackTranslator, ContextualReplacer
+
+    if isinstance(op, ContextualOp):
+        return ContextualReplacer(op, device)
+    if isinstance(op, BackTranslationOp):
+        return BackTranslator(op, device)
+    raise TypeError(f"unknown augment operator {type(op).__name__}")
+
+
+def augment_documents(docs: list[Document], cfg: AugmentConfig, log: Any = None) -> tuple[list[Document],
+                                                                                          dict[str, Any]]:
+    """Augmented children of ``docs`` (not including the originals) and per-operator counts."""
+    out: list[Document] = []
+    stats: dict[str, Any] = {}
+    for op in cfg.operators:
+        label = op.label
+        st = stats[label] = {"type": op.type, "selected": 0, "augmented_docs": 0, "skipped": {}}
+        langs = {x.lower() for x in op.languages}
+        picked = [d for d in docs if unit_hash(cfg.seed, label, d.id) < op.fraction
+                  and (not langs or lang_of(d) in langs)]
+        st["selected"] = len(picked)
+        if not picked:
+            continue
+        runner = build_operator(op, cfg.device, log)
+        if hasattr(runner, "prepare"):
+            runner.prepare(docs)
+        for i in range(0, len(picked), BATCH):
+            chunk = picked[i : i + BATCH]
+            outcomes: list[Outcome] = runner.apply([(d, doc_rng(cfg.seed, label, d.id)) for d in chunk])
+            for d, res in zip(chunk, outcomes, strict=True):
+                if res.reason is not None or not res.texts:
+                    reason = res.reason or "no_output"
+                    st["skipped"][reason] = st["skipped"].get(reason, 0) + 1
+                    continue
+                for v, text in enumerate(res.texts):
+                    meta = dict(d.metadata)
+                    meta.update(parent_id=d.id, augment_op=label, augment_type=op.type, augment_seed=cfg.seed)
+                    out.append(Document(child_id(d.id, label, cfg.seed, v), text, d.source, meta))
+                    st["augmented_docs"] += 1
+    return out, stats
+
+
+def _augment_shard(arg: tuple[str, AugmentConfig], out_dir: Path) -> dict[str, Any]:
+    path, cfg = arg
+    docs = read_shard(path)
+    children, stats = augment_documents(docs, cfg)
+    kept = docs if cfg.keep_originals else []
+    write_shard(out_dir / Path(path).name, kept + children)
+    return {"docs_in": len(docs), "docs_out": len(kept) + len(children), "operators": stats}
+
+
+def input_shard_digest(artifact_dir: Path, shard: Path) -> str:
+    """The input shard's sha256 from its artifact's manifest (hashing the file when not listed)."""
+    mf = artifact_dir / "manifest.json"
+    if mf.is_file():
+        rel = shard.relative_to(artifact_dir).as_posix()
+        info = json.loads(mf.read_text()).get("files", {}).get(rel)
+        if info and "sha256" in info:
+            return str(info["sha256"])
+    return sha256_file(shard)
+
+
+def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
+    for label, st in part.items():
+        t = total.setdefault(label, {"type": st["type"], "selected": 0, "augmented_docs": 0, "skipped": {}})
+        t["selected"] += st["selected"]
+        t["augmented_docs"] += st["augmented_docs"]
+        for r, n in st["skipped"].items():
+            t["skipped"][r] = t["skipped"].get(r, 0) + n
+
+
+def resolve_paths(cfg: AugmentConfig, base: Path) -> AugmentConfig:
+    """A copy of ``cfg`` whose relative file and model paths point into ``base`` (the config's folder)."""
+
+    def fix(p: str) -> str:
+        return p if Path(p).is_absolute() else str((base / p).resolve())
+
+    ops = []
+    for op in cfg.operators:
+        upd: dict[str, Any] = {}
+        if isinstance(op, SynonymOp):
+            upd["tables"] = {k: [fix(x) for x in v] for k, v in op.tables.items()}
+        elif isinstance(op, ContextualOp):
+            upd["model"] = fix(op.model)
+        elif isinstance(op, BackTranslationOp):
+            upd["chain"] = [fix(x) for x in op.chain]
+        elif isinstance(op, TemplateOp) and op.templates_file:
+            upd["templates_file"] = fix(op.templates_file)
+        ops.append(op.model_copy(update=upd))
+    return cfg.model_copy(update={"operators": ops})
+
+
+def _check_models(cfg: AugmentConfig) -> None:
+    from llmpipe.curation.augment.models import check_model_dir
+
+    for i, op in enumerate(cfg.operators):
+        if isinstance(op, ContextualOp):
+            check_model_dir(op.model, f"augment.operators[{i}].model")
+        elif isinstance(op, BackTranslationOp):
+            for j, p in enumerate(op.chain):
+                check_model_dir(p, f"augment.operators[{i}].chain[{j}]")
+
+
+@stage("augment", version=VERSION, inputs=("dedup",), config_field="augment", flow="data_refresh")
+def run_augment(ctx: StageContext) -> dict[str, Any]:
+    """Augment curated documents (synonyms, masked LM, back-translation, restructuring, templates)."""
+    cfg: AugmentConfig = ctx.config
+    src = ctx.inputs["dedup"]
+    shards = shard_paths(src)
+    (ctx.out / "shards").mkdir(parents=True, exist_ok=True)
+    if not cfg.enabled or not cfg.operators:
+        n = 0
+        for p in shards:
+            link_file(p, ctx.out / "shards" / p.name)
+            n += pq.ParquetFile(p).metadata.num_rows
+        ctx.log.info("augment: disabled; %d shards (%d documents) passed through", len(shards), n)
+        return {"enabled": False, "shards": len(shards), "docs_in": n, "docs_out": n, "operators": {}}
+    key_cfg = cfg.key_dict()  # the paths as written in the config: moving the config keeps the cache
+    base = ctx.pipeline.base_dir() if hasattr(ctx.pipeline, "base_dir") else Path.cwd()
+    cfg = resolve_paths(cfg, base)
+    _check_models(cfg)
+    items = [(hash_json(["augment", VERSION, key_cfg, input_shard_digest(src, p)]), (str(p), cfg))
+             for p in shards]
+    results = ctx.cached_map(_augment_shard, items, desc="augment")
+    totals: dict[str, Any] = {}
+    docs_in = docs_out = 0
+    for (d, st), p in zip(results, shards, strict=True):
+        link_file(d / p.name, ctx.out / "shards" / p.name)
+        docs_in += st["docs_in"]
+        docs_out += st["docs_out"]
+        _merge(totals, st["operators"])
+    ctx.report_table("augment-operators", "Augmentation per operator", [
+        {"operator": k, "type": v["type"], "selected": v["selected"], "augmented_docs": v["augmented_docs"],
+         "skipped": ", ".join(f"{r}={n}" for r, n in sorted(v["skipped"].items())) or "-"}
+        for k, v in totals.items()])
+    return {"enabled": True, "shards": len(shards), "docs_in": docs_in, "docs_out": docs_out,
+            "augmented_docs": sum(v["augmented_docs"] for v in totals.values()), "operators": totals}

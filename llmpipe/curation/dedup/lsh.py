@@ -1,0 +1,215 @@
+"""LSH candidate search over MinHash signatures: datasketch (memory or Redis) or out-of-core on disk.
+
+Every backend answers the same question for a batch of new documents with global indexes
+``first .. first + n - 1``: which pairs ``(j, i)``, ``j`` new and ``i < j`` (old or new), share at
+least one LSH band? datasketch keys buckets by the band's bytes; the external backend by a 64-bit
+hash of them (a spurious 64-bit collision is ~n^2/2^64 and is then caught by verification).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from datasketch import LeanMinHash, MinHashLSH
+from datasketch.lsh import _optimal_param
+
+_U64 = np.uint64
+
+
+@lru_cache(maxsize=64)
+def lsh_params(threshold: float, num_perm: int, bands: int | None = None, rows: int | None = None,
+               fp_weight: float = 0.5, fn_weight: float = 0.5) -> tuple[int, int]:
+    """(bands, rows): given, or datasketch's ``_optimal_param`` for the threshold and weights."""
+    if bands is not None and rows is not None:
+        return int(bands), int(rows)
+    return tuple(int(x) for x in _optimal_param(threshold, num_perm, fp_weight, fn_weight))  # type: ignore
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> _U64(33))
+    h = h * _U64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> _U64(33))
+    h = h * _U64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> _U64(33))
+
+
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, bands) uint64: a 64-bit hash of each band's values, salted with the band number."""
+    n = sigs.shape[0]
+    out = np.empty((n, bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for band in range(bands):
+            h = np.full(n, _U64(0x9E3779B97F4A7C15) * _U64(band + 1), dtype=np.uint64)
+            for c in range(band * rows, (band + 1) * rows):
+                h = _fmix64(h ^ sigs[:, c].astype(np.uint64))
+            out[:, band] = h
+    return out
+
+
+def signature_agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Estimated Jaccard of row pairs: the share of equal signature values."""
+    return (a == b).mean(axis=1) if len(a) else np.zeros(0)
+
+
+# -- datasketch backends ---------------------------------------------------------------------------
+
+class DatasketchIndex:
+    """``MinHashLSH`` over ``LeanMinHash`` keyed by global document index (dict or Redis storage)."""
+
+    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any]) -> None:
+        self.lsh, self.seed, self.meta = lsh, seed, meta
+        self.inserts = 0
+        self.queries = 0
+
+    @classmethod
+    def create(cls, threshold: float, num_perm: int, params: tuple[int, int], seed: int,
+               storage: dict[str, Any] | None = None) -> DatasketchIndex:
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, params=params, storage_config=storage)
+        meta = {"storage": {k: v for k, v in (storage or {"type": "dict"}).items() if k != "basename"}}
+        if storage and "basename" in storage:
+            meta["basename"] = storage["basename"].decode()
+        return cls(lsh, seed, meta)
+
+    def _lean(self, row: np.ndarray) -> LeanMinHash:
+        return LeanMinHash(seed=self.seed, hashvalues=row, scheme="affine32")
+
+    def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
+        """Insert docs ``idx`` (ascending), then query each: pairs (j, i) with i < j, shape (m, 2)."""
+        with self.lsh.insertion_session(buffer_size=10_000) as session:
+            for k in range(len(sigs)):
+                session.insert(int(idx[k]), self._lean(sigs[k]), check_duplication=False)
+        self.inserts += len(sigs)
+        js: list[int] = []
+        is_: list[int] = []
+        if not query:
+            return np.zeros((0, 2), np.int64)
+        for k in range(len(sigs)):
+            j = int(idx[k])
+            for i in self.lsh.query(self._lean(sigs[k])):
+                if i < j:
+                    js.append(j)
+                    is_.append(int(i))
+        self.queries += len(sigs)
+        return np.array([js, is_], dtype=np.int64).T.reshape(-1, 2)
+
+    def save(self, index_dir: Path) -> None:
+        if self.meta["storage"]["type"] == "dict":
+            with open(index_dir / "lsh.pkl", "wb") as f:
+                pickle.dump(self.lsh, f, protocol=pickle.HIGHEST_PROTOCOL)
+        (index_dir / "lsh.json").write_text(json.dumps(self.meta, sort_keys=True))
+
+    @classmethod
+    def load(cls, index_dir: Path, seed: int, storage: dict[str, Any] | None, threshold: float,
+             num_perm: int, params: tuple[int, int]) -> DatasketchIndex | None:
+        """The previous run's index, or None when it was built by another backend."""
+        meta_path = index_dir / "lsh.json"
+        if not meta_path.is_file():
+            return None
+        meta = json.loads(meta_path.read_text())
+        want = (storage or {"type": "dict"})["type"]
+        if meta["storage"]["type"] != want:
+            return None
+        if want == "dict":
+            with open(index_dir / "lsh.pkl", "rb") as f:
+                return cls(pickle.load(f), seed, meta)
+        cfg = dict(storage or {})
+        cfg["basename"] = meta["basename"].encode()
+        return cls.create(threshold, num_perm, params, seed, cfg)
+
+
+# -- out-of-core backend ---------------------------------------------------------------------------
+
+class ExternalIndex:
+    """Band buckets as sorted (key, doc) runs on disk, one run per input shard; bounded memory.
+
+    The candidate search walks the 64-bit key space in ``partitions`` ranges sized so that one
+    range's records (from every run) fit in ``memory_budget_mb``; within a range the records are
+    sorted by key and each bucket holding a new document yields its (new, earlier) pairs.
+    """
+
+    RECORD_BYTES = 16
+
+    def __init__(self, runs: list[Path], bands: int, rows: int, memory_budget_mb: float) -> None:
+        self.runs = list(runs)  # directories holding keys.npy (sorted uint64) + docs.npy (int64)
+        self.bands, self.rows = bands, rows
+        self.budget = max(1, int(memory_budget_mb * (1 << 20)))
+        self.inserts = 0
+        self.queries = 0
+
+    def write_run(self, run_dir: Path, idx: np.ndarray, sigs: np.ndarray) -> None:
+        """Append one shard's band records (sorted by key) as a new run."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        keys = band_keys(sigs, self.bands, self.rows).ravel()
+        docs = np.repeat(np.asarray(idx, dtype=np.int64), self.bands)
+        order = np.argsort(keys, kind="stable")
+        np.save(run_dir / "keys.npy", keys[order])
+        np.save(run_dir / "docs.npy", docs[order])
+        self.runs.append(run_dir)
+        self.inserts += len(sigs)
+
+    def _records(self) -> int:
+        return sum(int(np.load(r / "keys.npy", mmap_mode="r").shape[0]) for r in self.runs)
+
+    def partitions(self) -> int:
+        # sort + unique + pair building need ~6x the raw records of one range
+        return max(1, -(-self._records() * self.RECORD_BYTES * 6 // self.budget))
+
+    def _ranges(self, parts: int) -> Iterator[tuple[int, int]]:
+        edges = [int(x) for x in np.linspace(0, 1 << 64, parts + 1, dtype=object)]
+        for p in range(parts):
+            yield edges[p], edges[p + 1]
+
+    def _load_range(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        keys, docs = [], []
+        for r in self.runs:
+            k = np.load(r / "keys.npy", mmap_mode="r")
+            a = int(np.searchsorted(k, _U64(lo), side="left"))
+            b = len(k) if hi >= (1 << 64) else int(np.searchsorted(k, _U64(hi), side="left"))
+            if b > a:
+                keys.append(np.array(k[a:b]))
+                docs.append(np.array(np.load(r / "docs.npy", mmap_mode="r")[a:b]))
+            del k  # drop the mapping so its pages leave the resident set
+        if not keys:
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        return np.concatenate(keys), np.concatenate(docs)
+
+    def query_new(self, first_new: int) -> Iterator[np.ndarray]:
+        """Per key range: pairs (j, i), j >= first_new, i < j, sharing a bucket (deduplicated)."""
+        for lo, hi in self._ranges(self.partitions()):
+            keys, docs = self._load_range(lo, hi)
+            if len(keys) < 2:
+                continue
+            order = np.lexsort((docs, keys))
+            keys, docs = keys[order], docs[order]
+            starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+            sizes = np.diff(np.append(starts, len(keys)))
+            pairs = _bucket_pairs(docs, starts, sizes, first_new)
+            if len(pairs):
+                yield np.unique(pairs, axis=0)
+        self.queries += 1
+
+
+def _bucket_pairs(docs: np.ndarray, starts: np.ndarray, sizes: np.ndarray, first_new: int) -> np.ndarray:
+    """All (j, i) with j new and i < j inside each bucket (docs sorted within a bucket)."""
+    multi = sizes > 1
+    starts, sizes = starts[multi], sizes[multi]
+    if not len(starts):
+        return np.zeros((0, 2), np.int64)
+    last = docs[starts + sizes - 1]
+    keep = last >= first_new  # a bucket with no new document yields nothing new
+    starts, sizes = starts[keep], sizes[keep]
+    out = []
+    for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
+        members = docs[s : s + n]
+        jj, ii = np.triu_indices(n, k=1)  # ii < jj positions; members are ascending
+        jd, idd = members[ii], members[jj]
+        pair = np.stack([idd, jd], axis=1)
+        pair = pair[(pair[:, 0] >= first_new) & (pair[:, 0] != pair[:, 1])]
+        out.append(pair)
+    return np.concatenate(out) if out else np.zeros((0, 2), np.int64)

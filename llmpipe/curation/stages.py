@@ -1,0 +1,124 @@
+"""The curation filter stages: ``langid`` (after ingest), ``quality`` (after langid), ``safety`` (after quality).
+
+Each stage filters its input shards one by one through :func:`llmpipe.curation.filters.apply_filters`,
+with a per-shard cache (``ctx.cached_map``) keyed by the stage version, the stage's output-relevant
+config and the input shard's content hash, so a nightly refresh that adds shards only processes the
+new ones. Outputs: ``shards/<name>.parquet`` (kept), ``rejected/<name>.parquet`` (reason + scores),
+``funnel.json`` and ``funnel.png``; the funnel is also reported as a table and an image.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llmpipe.curation.config import LangIdConfig, QualityConfig, SafetyConfig
+from llmpipe.curation.filters import Filter, apply_filters, funnel_rows, merge_funnels, write_funnel
+from llmpipe.document import shard_paths
+from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.store import MANIFEST, hash_json, sha256_file
+
+
+def _langid_filters(cfg: LangIdConfig) -> list[Filter]:
+    from llmpipe.curation.langid import LanguageFilter
+
+    return [LanguageFilter(cfg)]
+
+
+def _quality_filters(cfg: QualityConfig) -> list[Filter]:
+    from llmpipe.curation.quality import build_quality_filters
+
+    return build_quality_filters(cfg)
+
+
+def _safety_filters(cfg: SafetyConfig) -> list[Filter]:
+    from llmpipe.curation.safety import build_safety_filters
+
+    return build_safety_filters(cfg)
+
+
+BUILDERS: dict[str, tuple[type, Callable[[Any], list[Filter]]]] = {
+    "langid": (LangIdConfig, _langid_filters),
+    "quality": (QualityConfig, _quality_filters),
+    "safety": (SafetyConfig, _safety_filters),
+}
+
+
+def filter_shard(arg: tuple[str, str, Any], out_dir: Path) -> dict[str, Any]:
+    """Run one stage's filters over one input shard (a top-level function: it runs in shard workers)."""
+    kind, shard, cfg = arg
+    filters = BUILDERS[kind][1](cfg)
+    name = Path(shard).name
+    funnel = apply_filters(shard, out_dir / "shards" / name, out_dir / "rejected" / name, filters,
+                           batch_size=cfg.batch_size)
+    pii = [f for f in filters if hasattr(f, "totals")]
+    if pii:
+        funnel["pii"] = dict(pii[0].totals)  # type: ignore[attr-defined]
+    return funnel
+
+
+def input_shard_hashes(artifact_dir: Path) -> list[tuple[Path, str]]:
+    """(shard path, sha256) per input shard; the manifest's hashes when present, else hashed now."""
+    files: dict[str, Any] = {}
+    mf = artifact_dir / MANIFEST
+    if mf.is_file():
+        files = json.loads(mf.read_text()).get("files", {})
+    out = []
+    for p in shard_paths(artifact_dir):
+        entry = files.get(f"shards/{p.name}")
+        out.append((p, entry["sha256"] if entry else sha256_file(p)))
+    return out
+
+
+def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, Any]:
+    """The body shared by the three stages."""
+    cfg_cls, build = BUILDERS[kind]
+    cfg = ctx.config if ctx.config is not None else cfg_cls()
+    build(cfg)  # fail fast in the parent on a bad config (missing model or word-list file)
+    shards = input_shard_hashes(ctx.inputs[upstream])
+    key_cfg = cfg.key_dict()
+    items = [(hash_json([ctx.name, ctx.spec.version, key_cfg, sha, p.name]), (kind, str(p), cfg))
+             for p, sha in shards]
+    cached = sum(1 for k, _ in items if (ctx.shard_dir(k) / "_DONE.json").exists())
+    results = ctx.cached_map(filter_shard, items, desc=f"{kind} shards")
+    for (d, _stats), (p, _sha) in zip(results, shards, strict=True):
+        for sub in ("shards", "rejected"):
+            link_file(d / sub / p.name, ctx.out / sub / p.name)
+    funnel = merge_funnels(s for _, s in results)
+    pii: dict[str, int] = {}
+    for _, s in results:
+        for k, v in s.get("pii", {}).items():
+            pii[k] = pii.get(k, 0) + v
+    if kind == "safety":
+        funnel["pii"] = dict(sorted(pii.items()))
+    _, png = write_funnel(ctx.out, funnel, f"{kind}: {funnel['kept']} of {funnel['in']} documents kept")
+    ctx.report_table(f"{kind}-funnel", f"{kind} funnel", funnel_rows(funnel))
+    ctx.report_image(f"{kind}-funnel-chart", f"{kind} funnel", png)
+    if pii:
+        ctx.report_table("safety-pii", "PII redactions per type",
+                         [{"type": k, "count": v} for k, v in sorted(pii.items())])
+    ctx.log.info("%s: kept %d of %d (%d shards, %d cached)", kind, funnel["kept"], funnel["in"],
+                 len(items), cached)
+    return {"docs_in": funnel["in"], "docs_kept": funnel["kept"], "rejected": funnel["rejected"],
+            "filters": funnel["filters"], "shards": len(items), "shards_cached": cached,
+            **({"pii": funnel["pii"]} if kind == "safety" else {})}
+
+
+@stage("langid", version="1", inputs=("ingest",), config_field="langid", flow="data_refresh")
+def run_langid(ctx: StageContext) -> dict[str, Any]:
+    """Language ID (fasttext lid.176): tag lang/lang_score, drop or route by language."""
+    return run_filter_stage(ctx, "langid", "ingest")
+
+
+@stage("quality", version="1", inputs=("langid",), config_field="quality", flow="data_refresh")
+def run_quality(ctx: StageContext) -> dict[str, Any]:
+    """Quality filters (Gopher quality/repetition, C4, FineWeb) with scores kept beside decisions."""
+    return run_filter_stage(ctx, "quality", "langid")
+
+
+@stage("safety", version="1", inputs=("quality",), config_field="safety", flow="data_refresh")
+def run_safety(ctx: StageContext) -> dict[str, Any]:
+    """Safety: per-language blocklist, PII redaction with per-type counts."""
+    return run_filter_stage(ctx, "safety", "quality")

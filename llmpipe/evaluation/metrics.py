@@ -1,0 +1,271 @@
+"""Model metrics: perplexity, bits-per-byte, next-token accuracy, greedy samples, multiple-choice tasks.
+
+Everything the evaluate stage reports and the quantize gate compares comes from
+:func:`evaluate_model`, so the fp model and its quantized copy are measured by exactly one code path.
+
+Definitions (all sums in float64 over *scored* targets: every position whose next token is not
+padding; end-of-text targets are scored too, they are part of what the model must predict):
+
+- ``loss`` = mean negative log-likelihood in nats per token; ``perplexity = exp(loss)``.
+- ``bits_per_byte`` = total NLL / (ln 2 * UTF-8 bytes those target tokens spell). Special tokens
+  spell 0 bytes. Unlike perplexity it does not depend on the tokenizer, so models with different
+  vocabularies (or the same model before and after a tokenizer change) compare fairly.
+- ``accuracy`` = share of targets where the arg-max of the logits equals the target token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+LN2 = math.log(2.0)
+
+
+@dataclass
+class EvalSequence:
+    """One held-out token sequence; ``lang`` labels it for the per-language breakdown."""
+
+    tokens: Sequence[int] | np.ndarray
+    lang: str | None = None
+
+
+@dataclass
+class Tally:
+    """Sums over scored targets; metrics are derived so that tallies add across batches and languages."""
+
+    nll: float = 0.0
+    tokens: int = 0
+    correct: int = 0
+    bytes: int = 0
+    sequences: int = 0
+
+    def add(self, other: Tally) -> None:
+        self.nll += other.nll
+        self.tokens += other.tokens
+        self.correct += other.correct
+        self.bytes += other.bytes
+        self.sequences += other.sequences
+
+    def metrics(self) -> dict[str, Any]:
+        loss = self.nll / self.tokens if self.tokens else float("nan")
+        return {
+            "sequences": self.sequences, "tokens": self.tokens, "bytes": self.bytes,
+            "nll_nats": self.nll, "loss": loss,
+            "perplexity": math.exp(loss) if self.tokens else float("nan"),
+            "bits_per_byte": self.nll / (LN2 * self.bytes) if self.bytes else float("nan"),
+            "accuracy": self.correct / self.tokens if self.tokens else float("nan"),
+        }
+
+
+# -- bytes per token ----------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def token_byte_lengths(tokenizer: Any) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (0 for special tokens), indexed by id.
+
+    Byte-level BPE tokens are read through the byte table, which is exact even for tokens that hold
+    part of a multi-byte character (decoding those alone would give U+FFFD, 3 bytes).
+    """
+    n = len(tokenizer)
+    toks = tokenizer.convert_ids_to_tokens(list(range(n)))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    byte_level = type(decoder).__name__ == "ByteLevel"
+    table = _byte_decoder()
+    out = np.zeros(n, dtype=np.int64)
+    for i, t in enumerate(toks):
+        if i in special or t is None:
+            continue
+        if byte_level and all(c in table for c in t):
+            out[i] = len(t)
+        else:
+            out[i] = len(tokenizer.decode([i]).encode("utf-8"))
+    return out
+
+
+# -- perplexity / bpb / accuracy -----------------------------------------------------------------------
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def score_batch(model: torch.nn.Module, batch: list[np.ndarray], pad_id: int | None,
+                byte_len: np.ndarray) -> list[Tally]:
+    """Per-sequence tallies of one right-padded batch."""
+    dev = model_device(model)
+    width = max(len(s) for s in batch)
+    ids = torch.full((len(batch), width), pad_id if pad_id is not None else 0, dtype=torch.long)
+    valid = torch.zeros((len(batch), width), dtype=torch.bool)
+    for r, s in enumerate(batch):
+        t = torch.as_tensor(np.asarray(s, dtype=np.int64))
+        ids[r, : len(t)] = t
+        valid[r, : len(t)] = True if pad_id is None else t != pad_id
+    ids, valid = ids.to(dev), valid.to(dev)
+    logits = model(input_ids=ids, attention_mask=valid.long()).logits[:, :-1].float()
+    target, mask = ids[:, 1:], valid[:, 1:] & valid[:, :-1]
+    logp = F.log_softmax(logits, dim=-1)
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).double()
+    correct = logits.argmax(-1) == target
+    blen = torch.as_tensor(byte_len, device=dev)[target]
+    out = []
+    for r in range(len(batch)):
+        m = mask[r]
+        out.append(Tally(nll=float(nll[r][m].sum()), tokens=int(m.sum()), correct=int(correct[r][m].sum()),
+                         bytes=int(blen[r][m].sum()), sequences=1))
+    return out
+
+
+def language_model_metrics(model: torch.nn.Module, sequences: Sequence[EvalSequence], pad_id: int | None,
+                           byte_len: np.ndarray, batch_size: int = 8) -> dict[str, Any]:
+    """Overall and per-language perplexity, bits-per-byte and next-token accuracy."""
+    overall, per_lang = Tally(), {}
+    for i in range(0, len(sequences), batch_size):
+        chunk = sequences[i : i + batch_size]
+        for seq, tally in zip(chunk, score_batch(model, [np.asarray(s.tokens) for s in chunk], pad_id,
+                                                 byte_len), strict=True):
+            overall.add(tally)
+            per_lang.setdefault(seq.lang or "und", Tally()).add(tally)
+    return {"overall": overall.metrics(), "per_language": {k: v.metrics() for k, v in sorted(per_lang.items())}}
+
+
+# -- generation ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def generate(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int
+             ) -> dict[str, Any]:
+    """Greedy completions and decode speed. Every prompt decodes exactly ``max_new_tokens`` tokens
+    (end-of-text does not stop it) so tokens/s of two models compare like with like; the shown
+    completion is cut at the first end-of-text."""
+    dev = model_device(model)
+    eos = tokenizer.eos_token_id
+    rows, new_tokens, seconds = [], 0, 0.0
+    for prompt in prompts:
+        ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        if ids.shape[1] == 0:
+            ids = torch.tensor([[tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos]])
+        ids = ids.to(dev)
+        t0 = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+        dt = time.perf_counter() - t0
+        gen = out[0, ids.shape[1]:].tolist()
+        new_tokens += len(gen)
+        seconds += dt
+        shown = gen[: gen.index(eos)] if eos in gen else gen
+        rows.append({"prompt": prompt, "completion": tokenizer.decode(shown, skip_special_tokens=True),
+                     "new_tokens": len(gen), "seconds": round(dt, 4)})
+    return {"generations": rows, "generation_tokens_per_s": new_tokens / seconds if seconds else float("nan")}
+
+
+# -- multiple choice ----------------------------------------------------------------------------------
+def load_task(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Examples of a JSONL multiple-choice file; a bad line raises naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"evaluate.tasks: no task file at {path}")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            ex = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from e
+        if not isinstance(ex, dict) or not isinstance(ex.get("context"), str):
+            raise ValueError(f"{where}: needs a string 'context'")
+        ch = ex.get("choices")
+        if not isinstance(ch, list) or len(ch) < 2 or not all(isinstance(c, str) and c for c in ch):
+            raise ValueError(f"{where}: 'choices' must be a list of at least 2 non-empty strings")
+        lab = ex.get("label")
+        if not isinstance(lab, int) or isinstance(lab, bool) or not 0 <= lab < len(ch):
+            raise ValueError(f"{where}: 'label' must be an integer in [0, {len(ch)}), got {lab!r}")
+        out.append({"context": ex["context"], "choices": ch, "label": lab})
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise ValueError(f"evaluate.tasks: {path} holds no examples")
+    return out
+
+
+@torch.no_grad()
+def choice_logprobs(model: torch.nn.Module, tokenizer: Any, context: str, choices: Sequence[str]) -> list[float]:
+    """Sum of log-probabilities of each choice's tokens given the context (one batched forward)."""
+    ctx_ids = tokenizer(context, add_special_tokens=False).input_ids
+    if not ctx_ids:  # the first choice token needs something to be predicted from
+        ctx_ids = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
+    conts = [tokenizer(c, add_special_tokens=False).input_ids for c in choices]
+    rows = [ctx_ids + c for c in conts]
+    width = max(len(r) for r in rows)
+    dev = model_device(model)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        att[i, : len(r)] = 1
+    logp = F.log_softmax(model(input_ids=ids.to(dev), attention_mask=att.to(dev)).logits.float(), dim=-1)
+    out = []
+    for i, c in enumerate(conts):
+        pos = torch.arange(len(ctx_ids) - 1, len(ctx_ids) - 1 + len(c), device=dev)
+        out.append(float(logp[i, pos, torch.tensor(c, device=dev)].double().sum()))
+    return out
+
+
+def task_accuracy(model: torch.nn.Module, tokenizer: Any, examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """``acc`` picks the choice with the highest log-prob; ``acc_norm`` divides it by the choice's bytes."""
+    n = hits = hits_norm = 0
+    for ex in examples:
+        lp = choice_logprobs(model, tokenizer, ex["context"], ex["choices"])
+        norm = [v / max(1, len(c.encode("utf-8"))) for v, c in zip(lp, ex["choices"], strict=True)]
+        n += 1
+        hits += int(int(np.argmax(lp)) == ex["label"])
+        hits_norm += int(int(np.argmax(norm)) == ex["label"])
+    return {"n": n, "acc": hits / n if n else float("nan"), "acc_norm": hits_norm / n if n else float("nan")}
+
+
+# -- everything ---------------------------------------------------------------------------------------
+def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[EvalSequence], *,
+                   batch_size: int = 8, prompts: Sequence[str] = (), max_new_tokens: int = 32,
+                   tasks: dict[str, list[dict[str, Any]]] | None = None,
+                   byte_len: np.ndarray | None = None) -> dict[str, Any]:
+    """All metrics of one model on one set of held-out sequences (the gate calls this twice)."""
+    if not sequences:
+        raise ValueError("evaluate: no held-out sequences to evaluate on")
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    if byte_len is None:
+        byte_len = token_byte_lengths(tokenizer)
+    vocab = model.get_output_embeddings().weight.shape[0] if hasattr(model, "get_output_embeddings") else None
+    if vocab is not None and len(byte_len) < vocab:  # ids the tokenizer never produces spell no bytes
+        byte_len = np.concatenate([byte_len, np.zeros(vocab - len(byte_len), dtype=np.int64)])
+    res = language_model_metrics(model, sequences, tokenizer.pad_token_id, byte_len, batch_size)
+    res["lm_seconds"] = round(time.perf_counter() - t0, 3)
+    if prompts:
+        res.update(generate(model, tokenizer, prompts, max_new_tokens))
+    res["tasks"] = {name: task_accuracy(model, tokenizer, exs) for name, exs in (tasks or {}).items()}
+    model.train(was_training)
+    return res

@@ -1,0 +1,142 @@
+"""Triton model repository generation: config.pbtxt, model.py, the checkpoint, a version registry.
+
+Layout (Python backend)::
+
+    <repo>/<model>/config.pbtxt
+    <repo>/<model>/<version>/model.py                 # llmpipe/serving/triton_model.py
+    <repo>/<model>/<version>/llmpipe_serving.json     # request limits read by model.py
+    <repo>/<model>/<version>/checkpoint/...           # the quantize artifact's HF checkpoint (hard links)
+
+With ``backend: vllm`` the version dir holds ``model.json`` for Triton's vLLM backend instead of
+model.py (decoupled streaming, ``max_batch_size: 0``: vLLM batches on its own).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.triton_model import CHECKPOINT_DIR, SETTINGS_FILE
+from llmpipe.stage import link_file
+
+TEMPLATE = Path(__file__).with_name("triton_model.py")
+REPO_DIR = "model_repository"
+# Tensor contract of the Python-backend model (also used by the client and the tests).
+INPUTS = (
+    ("prompt", "TYPE_UINT8", "[ -1 ]", True),  # UTF-8 bytes (see triton_model.py for why not BYTES)
+    ("input_ids", "TYPE_INT64", "[ -1 ]", True),
+    ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
+    ("temperature", "TYPE_FP32", "[ 1 ]", True),
+)
+OUTPUTS = (("text", "TYPE_UINT8", "[ -1 ]"), ("output_ids", "TYPE_INT64", "[ -1 ]"))
+
+
+def find_checkpoint(artifact_dir: Path) -> Path:
+    """The HF checkpoint inside an upstream artifact: its root or a child holding config.json."""
+    artifact_dir = Path(artifact_dir)
+    for cand in (artifact_dir, *(artifact_dir / n for n in ("model", "checkpoint", "quantized", "hf"))):
+        if (cand / "config.json").is_file():
+            return cand
+    found = sorted(p.parent for p in artifact_dir.rglob("config.json") if (p.parent / "tokenizer_config.json")
+                   .is_file() or any(p.parent.glob("*.safetensors")))
+    if not found:
+        raise FileNotFoundError(f"{artifact_dir}: no HF checkpoint (a directory with config.json and weights)")
+    return found[0]
+
+
+def render_config(cfg: DeployConfig) -> str:
+    """config.pbtxt text for the chosen backend."""
+    kind = "KIND_GPU" if cfg.target == "gpu" else "KIND_CPU"
+    if cfg.backend == "vllm":
+        return "\n".join([
+            f'name: "{cfg.model_name}"', 'backend: "vllm"', "max_batch_size: 0",
+            "model_transaction_policy { decoupled: true }",
+            f"instance_group [ {{ count: {cfg.instance_count} kind: KIND_MODEL }} ]", "",
+        ])
+    lines = [f'name: "{cfg.model_name}"', 'backend: "python"', f"max_batch_size: {cfg.max_batch_size}"]
+    for name, dtype, dims, optional in INPUTS:
+        ragged = " allow_ragged_batch: true" if dims == "[ -1 ]" else ""
+        opt = " optional: true" if optional else ""
+        lines.append(f'input {{ name: "{name}" data_type: {dtype} dims: {dims}{ragged}{opt} }}')
+    for name, dtype, dims in OUTPUTS:
+        lines.append(f'output {{ name: "{name}" data_type: {dtype} dims: {dims} }}')
+    if cfg.dynamic_batching:
+        sizes = ", ".join(str(s) for s in sorted(set(cfg.preferred_batch_sizes)))
+        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {sizes} ] "
+                     f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} }}")
+    lines.append(f"instance_group [ {{ count: {cfg.instance_count} kind: {kind} }} ]")
+    if cfg.response_cache:
+        lines.append("response_cache { enable: true }")
+    return "\n".join(lines) + "\n"
+
+
+def write_model_repository(checkpoint: Path, repo: Path, cfg: DeployConfig, version: int) -> Path:
+    """Write the repository under ``repo``; returns the model's version directory."""
+    if version < 1:
+        raise ValueError(f"model version must be >= 1, got {version}")
+    model_dir = repo / cfg.model_name
+    vdir = model_dir / str(version)
+    vdir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(render_config(cfg))
+    for f in sorted(Path(checkpoint).rglob("*")):
+        if f.is_file():
+            link_file(f, vdir / CHECKPOINT_DIR / f.relative_to(checkpoint))
+    if cfg.backend == "vllm":
+        model_json = {"model": f"{cfg.container_model_root}/{cfg.model_name}/{version}/{CHECKPOINT_DIR}",
+                      "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
+                      "max_num_seqs": cfg.max_batch_size, "disable_log_requests": True}
+        (vdir / "model.json").write_text(json.dumps(model_json, indent=2) + "\n")
+    else:
+        shutil.copyfile(TEMPLATE, vdir / "model.py")
+        limits = {"max_prompt_tokens": cfg.max_prompt_tokens, "max_tokens_limit": cfg.max_tokens_limit,
+                  "default_max_tokens": cfg.default_max_tokens}
+        (vdir / SETTINGS_FILE).write_text(json.dumps(limits, indent=2) + "\n")
+    return vdir
+
+
+def model_config_summary(repo: Path) -> dict[str, Any]:
+    """Model name and version of a generated repository (one model, one version)."""
+    models = [p for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file()]
+    if len(models) != 1:
+        raise ValueError(f"{repo}: expected one model with config.pbtxt, found {[p.name for p in models]}")
+    versions = sorted(int(p.name) for p in models[0].iterdir() if p.is_dir() and p.name.isdigit())
+    if not versions:
+        raise ValueError(f"{models[0]}: no numeric version directory")
+    text = (models[0] / "config.pbtxt").read_text()
+    return {"model": models[0].name, "version": versions[-1], "backend": "vllm" if '"vllm"' in text else "python",
+            "response_cache": "response_cache" in text}
+
+
+# -- version registry ------------------------------------------------------------------------------
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def assign_version(registry: Path, model_name: str, deployment_id: str) -> int:
+    """The model version for ``deployment_id``: its existing number, else the model's last plus one.
+
+    The registry (``<store>/_deploy/versions.json``) maps each model to {deployment id: version}, so
+    redeploying the same artifact keeps its number and each new artifact gets the next one.
+    """
+    with _locked(registry):
+        data: dict[str, dict[str, int]] = json.loads(registry.read_text()) if registry.is_file() else {}
+        versions = data.setdefault(model_name, {})
+        if deployment_id not in versions:
+            versions[deployment_id] = max(versions.values(), default=0) + 1
+            tmp = registry.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            tmp.replace(registry)
+        return versions[deployment_id]

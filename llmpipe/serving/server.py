@@ -1,0 +1,255 @@
+"""A real local Triton server for a generated model repository.
+
+The binary comes from the ``nvidia-pytriton`` wheel (Triton 2.51 + Python backend, runs on CPU),
+installed with ``pip install --no-deps nvidia-pytriton`` because the wheel pins numpy < 2 (see
+scripts/install.sh). What it takes to run it from our venv, found by trying:
+
+* ``LD_LIBRARY_PATH``: the wheel's bundled libraries (``nvidia_pytriton.libs``) and the
+  interpreter's ``LIBDIR`` (the Python-backend stub links ``libpython3.X.so``).
+* The stub for this Python version (the wheel ships one per version) must sit next to
+  ``libtriton_python.so``; we build a small runtime dir of symlinks plus that stub.
+* The stub embeds the base interpreter, whose ``sys.path`` lacks the venv: ``PYTHONPATH`` gets the
+  venv's site-packages (so model.py sees our torch / transformers) and ``PATH`` the venv's bin.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmpipe.serving.repository import REPO_DIR, model_config_summary
+
+
+class ServerError(RuntimeError):
+    """The server could not start, or died; the message carries the tail of its log."""
+
+
+@dataclass
+class TritonServer:
+    """A running server: where to reach it and where its log is."""
+
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    process: subprocess.Popen
+    log_path: Path
+    repo: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def triton_dist() -> Path:
+    """The Triton distribution inside the nvidia-pytriton wheel."""
+    spec = importlib.util.find_spec("pytriton")  # locate only: importing it needs its unused deps
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError("Triton server binary not found: run scripts/install.sh "
+                          "(pip install --no-deps nvidia-pytriton)")
+    dist = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    if not (dist / "bin" / "tritonserver").is_file():
+        raise ServerError(f"{dist}: no bin/tritonserver in the nvidia-pytriton install")
+    return dist
+
+
+def available() -> bool:
+    """Whether a local Triton server can be started here (tests skip with a reason when not)."""
+    try:
+        triton_dist()
+    except ServerError:
+        return False
+    return True
+
+
+def prepare_runtime(dest: Path | None = None) -> Path:
+    """A Triton tree (symlinks) with the Python-backend stub for this interpreter; returns its root."""
+    dist = triton_dist()
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no Python-backend stub for Python {ver}")
+    root = dest or Path(tempfile.gettempdir()) / f"llmpipe-triton-{os.getuid()}-py{ver}"
+    py = root / "backends" / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    (root / "bin").mkdir(exist_ok=True)
+    links = {root / "bin" / "tritonserver": dist / "bin" / "tritonserver",
+             py / "libtriton_python.so": dist / "backends" / "python" / "libtriton_python.so",
+             py / "triton_python_backend_utils.py": dist / "backends" / "python" / "triton_python_backend_utils.py",
+             root / "caches": dist / "caches"}
+    for link, target in links.items():
+        if not (link.is_symlink() and link.resolve() == target.resolve()):
+            tmp_link = link.with_name(f".{link.name}-{os.getpid()}")
+            tmp_link.unlink(missing_ok=True)
+            tmp_link.symlink_to(target)
+            tmp_link.replace(link)  # atomic: concurrent test processes never see a half-made tree
+    if not (py / "triton_python_backend_stub").is_file():
+        tmp = py / f".stub-{os.getpid()}"
+        shutil.copy2(stub, tmp)
+        tmp.replace(py / "triton_python_backend_stub")
+    return root
+
+
+def server_env() -> dict[str, str]:
+    """Environment that lets the bundled binary and stub run with this venv's packages."""
+    env = os.environ.copy()
+    libs = [str(triton_dist().parent.parent / "nvidia_pytriton.libs"),
+            str(sysconfig.get_config_var("LIBDIR") or "")]
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in [*libs, env.get("LD_LIBRARY_PATH", "")] if p)
+    site = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    env["PYTHONPATH"] = ":".join(dict.fromkeys([*site, *filter(None, [env.get("PYTHONPATH")])]))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ready(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metrics_port: int = 0,
+          startup_timeout_s: float = 180.0, stop_timeout_s: float = 20.0, cache_bytes: int = 64 << 20,
+          log_path: Path | None = None) -> Iterator[TritonServer]:
+    """Run tritonserver on 127.0.0.1 for ``repo_dir`` until the block exits.
+
+    Port 0 picks a free port. Waits for ``/v2/health/ready``; on exit sends SIGTERM and, after
+    ``stop_timeout_s``, SIGKILL. Raises ServerError (with the log tail) if it dies or never gets ready.
+    """
+    repo = Path(repo_dir).resolve()
+    if (repo / REPO_DIR).is_dir():  # a deploy artifact: its repository is one level down
+        repo = repo / REPO_DIR
+    summary = model_config_summary(repo)
+    runtime = prepare_runtime()
+    ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
+    log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+    cmd = [str(runtime / "bin" / "tritonserver"), f"--model-repository={repo}",
+           f"--backend-directory={runtime / 'backends'}", f"--cache-directory={runtime / 'caches'}",
+           "--http-address=127.0.0.1", f"--http-port={ports[0]}",
+           "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}",
+           "--metrics-address=127.0.0.1", f"--metrics-port={ports[2]}",
+           "--exit-timeout-secs=5", "--log-verbose=0", "--strict-readiness=true"]
+    if summary["response_cache"]:
+        cmd.append(f"--cache-config=local,size={cache_bytes}")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
+                                start_new_session=True)
+    server = TritonServer(ports[0], ports[1], ports[2], proc, Path(log_path), repo)
+    try:
+        _wait_ready(server, startup_timeout_s)
+        yield server
+    finally:
+        stop(server, stop_timeout_s)
+
+
+def _wait_ready(server: TritonServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise ServerError(f"tritonserver exited with code {server.process.returncode} before it was "
+                              f"ready; log {server.log_path}:\n{server.log_tail()}")
+        if _ready(server.http_port):
+            return
+        time.sleep(0.25)
+    raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s; log {server.log_path}:\n"
+                      f"{server.log_tail()}")
+
+
+def stop(server: TritonServer, timeout_s: float = 20.0) -> int:
+    """SIGTERM the server's process group, SIGKILL it after ``timeout_s``; returns the exit code."""
+    proc = server.process
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return int(proc.returncode)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the server and its Python-backend stubs (they share the session we started)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def resolve_artifact(artifact: str | Path | None, config: str | Path | None = None) -> Path:
+    """A deploy artifact (or model repository) directory from a path, a key / key prefix, or the latest.
+
+    Keys and "latest" are looked up in the store of ``config`` (the lead's ``llmpipe serve`` passes
+    ``--config``); a path that exists is used as is.
+    """
+    if artifact is not None and Path(artifact).is_dir():
+        return Path(artifact)
+    if config is None:
+        raise FileNotFoundError(f"deploy artifact {artifact!r} is not a directory, and no config names a store")
+    from llmpipe.config import load_config
+    from llmpipe.runner import open_store
+
+    store = open_store(load_config(config))
+    if artifact is None:
+        art = store.latest("deploy")
+        if art is None:
+            raise FileNotFoundError(f"no deploy artifact in the store of {config}: run the release flow first")
+        return Path(art.path)
+    hit = store.find(str(artifact))
+    if hit is None:
+        raise FileNotFoundError(f"{artifact!r}: not a directory nor a unique artifact key in the store of {config}")
+    return Path(store.path(*hit))
+
+
+def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None = None, http_port: int = 8000,
+               grpc_port: int = 8001, metrics_port: int = 8002, startup_timeout_s: float = 180.0) -> int:
+    """``llmpipe serve [ARTIFACT]``: serve a deploy artifact (or a model repository) until Ctrl-C."""
+    repo = resolve_artifact(artifact_dir, config)
+    with serve(repo, http_port, grpc_port, metrics_port=metrics_port,
+               startup_timeout_s=startup_timeout_s) as server:
+        info = model_config_summary(server.repo)
+        print(f"serving {info['model']} v{info['version']}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
+              f"(log {server.log_path}); Ctrl-C stops", flush=True)
+        try:
+            while server.process.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            return 0
+        print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,93 @@
+"""The ``deploy`` stage: quantized checkpoint -> Triton model repository, checked on a real local server.
+
+Output artifact::
+
+    model_repository/<model>/...   # see llmpipe/serving/repository.py
+    deploy.json                    # model, version, backend, ports the production manifests use
+    triton.env                     # MODEL_NAME / MODEL_VERSION for deployments/triton/docker-compose.yml
+    latency.json                   # load-test figures (when deploy.verify and a local server can run)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from llmpipe.serving import loadtest, server
+from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.repository import REPO_DIR, assign_version, find_checkpoint, write_model_repository
+from llmpipe.stage import StageContext, stage
+
+# The ports every production replica listens on (deployments/triton/ relies on them).
+PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def registry_path(store: Any) -> Path:
+    """``<store>/_deploy/versions.json`` (a ``_`` directory: the store does not list it as a stage)."""
+    return Path(getattr(store, "local", None) or store.root) / "_deploy" / "versions.json"
+
+
+@stage("deploy", version="1", inputs=("quantize",), config_field="deploy", flow="release")
+def run_deploy(ctx: StageContext) -> dict[str, Any]:
+    """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
+    cfg: DeployConfig = ctx.config or DeployConfig()
+    ckpt = find_checkpoint(ctx.inputs["quantize"])
+    version = assign_version(registry_path(ctx.store), cfg.model_name, ctx.key)
+    write_model_repository(ckpt, ctx.out / REPO_DIR, cfg, version)
+    info = {"model": cfg.model_name, "version": version, "backend": cfg.backend, "target": cfg.target,
+            "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,
+            "repository": REPO_DIR}
+    (ctx.out / "deploy.json").write_text(json.dumps(info, indent=2) + "\n")
+    (ctx.out / "triton.env").write_text(f"MODEL_NAME={cfg.model_name}\nMODEL_VERSION={version}\n")
+    ctx.log.info("deploy: %s v%d (%s, %s) from %s", cfg.model_name, version, cfg.backend, cfg.target, ckpt)
+    stats: dict[str, Any] = {"model": cfg.model_name, "version": version, "backend": cfg.backend}
+    reason = _skip_reason(cfg)
+    if reason:
+        ctx.log.warning("deploy: local server check skipped: %s", reason)
+        ctx.report_markdown("deploy-check", "Triton local check", f"Skipped: {reason}")
+        return {**stats, "verified": False, "verify_skipped": reason}
+    return {**stats, **verify(ctx, cfg)}
+
+
+def _skip_reason(cfg: DeployConfig) -> str | None:
+    if not cfg.verify:
+        return "deploy.verify is false"
+    if cfg.backend != "python" or cfg.target != "cpu":
+        return f"the local server runs the Python backend on CPU only (backend={cfg.backend}, target={cfg.target})"
+    if not server.available():
+        return "no local Triton server (run scripts/install.sh: pip install --no-deps nvidia-pytriton)"
+    return None
+
+
+def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
+    """Start the generated repository on a local server: smoke test (HTTP, gRPC), then the load test."""
+    ctx.progress("start tritonserver", 0, 3)
+    with server.serve(ctx.out / REPO_DIR, startup_timeout_s=cfg.startup_timeout_s) as srv:
+        smoke = [loadtest.smoke_test(srv.http_url, cfg.model_name, "http"),
+                 loadtest.smoke_test(srv.grpc_url, cfg.model_name, "grpc")]
+        ctx.progress("load test", 1, 3)
+        url = srv.grpc_url if cfg.load_protocol == "grpc" else srv.http_url
+        try:
+            result = loadtest.load_test(
+                url, cfg.model_name, protocol=cfg.load_protocol, clients=cfg.load_clients,
+                requests=cfg.load_requests, max_seconds=cfg.load_max_seconds, max_tokens=cfg.load_max_tokens,
+                slo_p99_ms=cfg.slo_p99_ms, out_path=ctx.out / "latency.json")
+        finally:
+            _report(ctx, smoke)
+    ctx.progress("done", 3, 3)
+    return {"verified": True, "smoke": smoke, **{k: result[k] for k in (
+        "p50_ms", "p95_ms", "p99_ms", "throughput_rps", "mean_batch_size", "requests", "clients")}}
+
+
+def _report(ctx: StageContext, smoke: list[dict[str, Any]]) -> None:
+    path = ctx.out / "latency.json"
+    if not path.is_file():
+        return
+    r = json.loads(path.read_text())
+    rows = [{"metric": k, "value": r[k]} for k in (
+        "protocol", "clients", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "slo_p99_ms", "slo_ok",
+        "throughput_rps", "mean_batch_size")]
+    rows.append({"metric": "batch_histogram", "value": json.dumps(r["batch_histogram"])})
+    rows += [{"metric": f"smoke_{s['protocol']}_ms", "value": s["latency_ms"]} for s in smoke]
+    ctx.report_table("deploy-latency", "Triton load test", rows)

@@ -1,0 +1,149 @@
+"""The ``tokenizer`` stage: train a byte-level BPE on the curated corpus, or load one by path.
+
+The artifact is a ``transformers`` tokenizer directory (``tokenizer.json``, ``tokenizer_config.json``)
+so ``AutoTokenizer.from_pretrained(artifact_dir)`` loads it with bos/eos/pad set, plus
+``llmpipe_tokenizer.json`` ({"vocab_size", "bos_id", "eos_id", "pad_id", "source"}) that the tokenize
+stage reads to encode with the bare ``tokenizers`` library.
+
+Training reads the original documents only (no augmented children: their noise should not shape the
+vocabulary), in shard order. A byte-level BPE with no normalizer round-trips any text exactly:
+``decode(encode(text)) == text``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from llmpipe.document import iter_documents, shard_paths
+from llmpipe.stage import StageContext, stage
+from llmpipe.tokenization.config import TokenizerConfig
+
+VERSION = "1"
+META = "llmpipe_tokenizer.json"
+
+
+def corpus_texts(artifact_dir: Path, limit: int | None = None) -> Iterator[str]:
+    """Texts of the original (non-augmented) documents of a curated artifact, in shard order."""
+    n = 0
+    for p in shard_paths(artifact_dir):
+        for d in iter_documents(p):
+            if d.metadata.get("parent_id"):
+                continue
+            if limit is not None and n >= limit:
+                return
+            n += 1
+            yield d.text
+
+
+def train_bpe(texts: Iterator[str], cfg: TokenizerConfig) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` (no normalizer: exact round trip)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=list(cfg.special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def wrap(tok: Any, cfg: TokenizerConfig) -> Any:
+    """The ``transformers`` fast tokenizer around a trained ``tokenizers.Tokenizer``."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=cfg.bos_token, eos_token=cfg.eos_token,
+                                   pad_token=cfg.pad_token, model_max_length=cfg.model_max_length)
+
+
+def load_pretrained(path: str, cfg: TokenizerConfig) -> Any:
+    """A pretrained fast tokenizer by path, with an eos and a pad token distinct from eos."""
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer.pretrained: no tokenizer directory at {path!r}")
+    tok = AutoTokenizer.from_pretrained(path)
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"tokenizer.pretrained: {path!r} has no fast (tokenizer.json) tokenizer")
+    if tok.eos_token is None:
+        raise ValueError(f"tokenizer.pretrained: {path!r} defines no eos token; packing needs one")
+    if tok.pad_token is None or tok.pad_token == tok.eos_token:
+        tok.add_special_tokens({"pad_token": cfg.pad_token})
+    return tok
+
+
+def save(hf_tok: Any, out: Path, source: str) -> dict[str, Any]:
+    """Save the tokenizer and the ids llmpipe needs; returns that metadata."""
+    hf_tok.save_pretrained(str(out))
+    meta = {"vocab_size": len(hf_tok), "bos_id": hf_tok.bos_token_id, "eos_id": hf_tok.eos_token_id,
+            "pad_id": hf_tok.pad_token_id, "source": source}
+    (out / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return meta
+
+
+def load_for_encoding(artifact_dir: str | Path) -> tuple[Any, dict[str, Any]]:
+    """(bare ``tokenizers.Tokenizer``, metadata) of a tokenizer artifact, ready for exact encoding.
+
+    Special-token strings inside documents are encoded as plain text, so a document that contains
+    ``<|endoftext|>`` can never fake a document boundary.
+    """
+    from tokenizers import Tokenizer
+
+    d = Path(artifact_dir)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.encode_special_tokens = True
+    tok.no_truncation()
+    tok.no_padding()
+    return tok, json.loads((d / META).read_text())
+
+
+def bytes_per_token(tok: Any, artifact_dir: Path, per_lang: int = 200) -> list[dict[str, Any]]:
+    """Compression per language on up to ``per_lang`` documents each: a quick check of the vocabulary."""
+    samples: dict[str, list[str]] = {}
+    for p in shard_paths(artifact_dir):
+        for d in iter_documents(p):
+            lst = samples.setdefault(str(d.metadata.get("lang") or "und"), [])
+            if len(lst) < per_lang:
+                lst.append(d.text)
+    rows = []
+    for lang, texts in sorted(samples.items()):
+        n_tok = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+        n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+        rows.append({"lang": lang, "docs": len(texts), "bytes": n_bytes, "tokens": n_tok,
+                     "bytes_per_token": round(n_bytes / max(1, n_tok), 3)})
+    return rows
+
+
+@stage("tokenizer", version=VERSION, inputs=("augment",), config_field="tokenizer", flow="data_refresh")
+def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
+    """Train a byte-level BPE on the curated corpus (or load a pretrained one) for transformers."""
+    cfg: TokenizerConfig = ctx.config
+    src = ctx.inputs["augment"]
+    t0 = time.perf_counter()
+    if cfg.pretrained:
+        path = cfg.pretrained
+        if not Path(path).is_absolute() and hasattr(ctx.pipeline, "base_dir"):
+            path = str(ctx.pipeline.base_dir() / path)
+        hf_tok, source, docs = load_pretrained(path, cfg), f"pretrained:{cfg.pretrained}", 0
+    else:
+        counter = {"n": 0}
+
+        def texts() -> Iterator[str]:
+            for t in corpus_texts(src, cfg.max_train_docs):
+                counter["n"] += 1
+                yield t
+
+        tok = train_bpe(texts(), cfg)
+        if counter["n"] == 0:
+            raise ValueError(f"tokenizer: the input artifact {src} has no documents to train on")
+        hf_tok, source, docs = wrap(tok, cfg), "trained", counter["n"]
+    meta = save(hf_tok, ctx.out, source)
+    enc, _ = load_for_encoding(ctx.out)
+    rows = bytes_per_token(enc, src)
+    ctx.report_table("tokenizer-compression", "Bytes per token by language", rows)
+    return {**meta, "train_docs": docs, "seconds": round(time.perf_counter() - t0, 3), "compression": rows}

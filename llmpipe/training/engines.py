@@ -1,0 +1,313 @@
+"""Parallelism strategies behind one small interface: DDP, FSDP2 (``fully_shard``) and DeepSpeed ZeRO.
+
+Every engine does the same four things the training loop needs: a micro-batch forward/backward,
+an optimizer step (or a skipped one), a collective checkpoint save/load into a directory, and a full
+state dict on rank 0 for the ``save_pretrained`` export. Only the strategy-specific parts live here;
+the loop, the schedule, the guards and the metrics are shared (``worker.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices, not norms or biases (the usual LLM recipe)."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def surrogate_loss(logits: torch.Tensor) -> torch.Tensor:
+    """A zero loss wired to the same graph: backward runs every collective with zero gradients.
+
+    Used when some rank saw a non-finite loss, so all ranks stay in lock-step without applying it.
+    """
+    return torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0).float().sum() * 0.0
+
+
+class Engine:
+    """The shared part: autocast, AdamW, grad scaling and clipping for torch-native strategies."""
+
+    name = "base"
+
+    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+        self.model = model
+        self.amp_dtype = DTYPES[cfg.precision]
+        self.scaler = (torch.amp.GradScaler("cuda") if cfg.precision == "fp16" and device.type == "cuda"
+                       else None)
+        self.optimizer: Any = None
+
+    def autocast(self) -> Any:
+        if self.amp_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        c = self.cfg
+        return torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), eps=c.eps,
+                                 fused=self.device.type == "cuda")
+
+    def sync_context(self, last_micro: bool) -> Any:
+        return contextlib.nullcontext()
+
+    def forward(self, ids: torch.Tensor) -> Any:
+        with self.autocast():
+            return self.model(input_ids=ids, labels=ids)
+
+    def backward(self, loss: torch.Tensor, accum: int) -> None:
+        loss = loss / accum
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def step(self, lr: float, skip: bool) -> float:
+        """Apply (or skip) the accumulated gradients; return the global grad norm (before clipping)."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            return float("nan")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def save(self, path: Path) -> None:  # collective
+        raise NotImplementedError
+
+    def load(self, path: Path) -> None:  # collective
+        raise NotImplementedError
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:  # collective; rank 0 gets it
+        raise NotImplementedError
+
+
+class DDPEngine(Engine):
+    name = "ddp"
+
+    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = model.to(device)
+        self.module = model
+        super().__init__(model, cfg, device)
+        if _world() > 1:
+            self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if cfg.compile:
+            self.model = torch.compile(self.model)
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.weight_decay))
+
+    def sync_context(self, last_micro: bool) -> Any:
+        if last_micro or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def save(self, path: Path) -> None:
+        if _rank() == 0:
+            state = {"model": self.module.state_dict(), "optim": self.optimizer.state_dict()}
+            if self.scaler is not None:
+                state["scaler"] = self.scaler.state_dict()
+            torch.save(state, path / "model_optim.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "model_optim.pt", map_location=self.device, weights_only=False)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if _rank() == 0 else None
+
+
+class FSDP2Engine(Engine):
+    """Per-decoder-layer ``fully_shard`` plus the root; checkpoints via torch.distributed.checkpoint."""
+
+    name = "fsdp2"
+
+    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device) -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = model.to(device)
+        mp = None
+        if cfg.precision in ("bf16", "fp16"):
+            mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.precision], reduce_dtype=torch.float32)
+        kw = {"mp_policy": mp} if mp is not None else {}
+        for layer in model.model.layers:
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
+        super().__init__(model, cfg, device)
+        if mp is not None:
+            self.amp_dtype = torch.float32  # FSDP casts parameters itself
+        self.scaler = None
+        if cfg.compile:
+            self.model = torch.compile(model)
+        self.module = model
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.weight_decay))
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.module, self.optimizer)
+        return {"model": msd, "optim": osd}
+
+    def save(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
+
+    def load(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if _rank() == 0 else None
+
+
+def deepspeed_config(cfg: Any, world: int, base_dir: Path | None = None) -> dict[str, Any]:
+    """The DeepSpeed JSON: the user's file or inline dict, with batch, optimizer and precision filled in.
+
+    Batch sizes, optimizer, clipping and precision come from ``train:`` so the same YAML means the
+    same run under every strategy; the user's config contributes ZeRO stage, offload and tuning knobs.
+    """
+    user: dict[str, Any] = {}
+    if isinstance(cfg.deepspeed, dict):
+        user = json.loads(json.dumps(cfg.deepspeed))
+    elif isinstance(cfg.deepspeed, str):
+        p = Path(cfg.deepspeed)
+        if not p.is_absolute() and base_dir is not None and not p.exists():
+            p = base_dir / p
+        user = json.loads(p.read_text())
+    zero = dict(user.get("zero_optimization") or {"stage": 1})
+    if int(zero.get("stage", 0)) == 3:
+        zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
+    offload = any(k in zero for k in ("offload_optimizer", "offload_param"))
+    accum = cfg.global_batch_size // (cfg.micro_batch_size * world)
+    out = dict(user)
+    out.update({
+        "train_batch_size": cfg.global_batch_size,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay,
+            # torch's AdamW: no JIT-compiled fused/cpu Adam op (minutes on first use on CPU)
+            "torch_adam": bool(user.get("optimizer", {}).get("params", {}).get("torch_adam", True)),
+            "adam_w_mode": True}},
+        "bf16": {"enabled": cfg.precision == "bf16"},
+        "fp16": {"enabled": cfg.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    })
+    if offload:
+        out["zero_force_ds_cpu_optimizer"] = False
+    return out
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed ZeRO 1/2/3 (+ offload). DeepSpeed owns accumulation, clipping and loss scaling."""
+
+    name = "deepspeed"
+
+    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device, ds_config: dict[str, Any]) -> None:
+        import deepspeed
+
+        super().__init__(model, cfg, device)
+        self.amp_dtype = torch.float32  # DeepSpeed casts the model itself for bf16/fp16
+        self.scaler = None
+        self.ds_config = ds_config
+        self.stage = int(ds_config["zero_optimization"].get("stage", 0))
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model, cfg.weight_decay), config=ds_config)
+        self.model = self.engine
+        if cfg.compile:
+            self.engine.compile()
+
+    def forward(self, ids: torch.Tensor) -> Any:
+        return self.engine(input_ids=ids, labels=ids)
+
+    def backward(self, loss: torch.Tensor, accum: int) -> None:
+        self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+        self.engine.step()  # only applies the optimizer at the accumulation boundary
+
+    def step(self, lr: float, skip: bool) -> float:
+        # lr is applied *before* the boundary backward/step by set_lr (see worker); nothing left here
+        norm = self.engine.get_global_grad_norm()
+        return float("nan") if skip or norm is None else float(norm)
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = lr
+
+    def save(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path / "ds"), tag="state")
+
+    def load(self, path: Path) -> None:
+        load_path, _ = self.engine.load_checkpoint(str(path / "ds"), tag="state", load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / 'ds'}")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self.stage == 3:
+            sd = self.engine._zero3_consolidated_16bit_state_dict()
+        else:
+            sd = self.engine.module.state_dict()
+        if _rank() != 0 or sd is None:
+            return None
+        return {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in sd.items()}
+
+
+def make_engine(model: torch.nn.Module, cfg: Any, device: torch.device, ds_config: dict[str, Any] | None) -> Engine:
+    if cfg.strategy == "ddp":
+        return DDPEngine(model, cfg, device)
+    if cfg.strategy == "fsdp2":
+        return FSDP2Engine(model, cfg, device)
+    if cfg.strategy == "deepspeed":
+        assert ds_config is not None
+        return DeepSpeedEngine(model, cfg, device, ds_config)
+    raise ValueError(f"train.strategy: unknown strategy {cfg.strategy!r}")
+
+
+def is_finite(x: float) -> bool:
+    return math.isfinite(x)

@@ -1,0 +1,113 @@
+"""The model: a Llama-style decoder from ``transformers``, built from a preset or an HF checkpoint.
+
+Presets are ``LlamaConfig`` keyword sets; ``train.model.overrides`` changes any field. The vocabulary
+size always comes from the tokenizer artifact so the embedding matches the token ids on disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+import torch
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU seconds: used by tests and configs/tiny.yaml
+    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, max_position_embeddings=512),
+    # GPT-2-small sized Llama (~125M with a 32k vocab)
+    "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=12, max_position_embeddings=2048),
+    # TinyLlama-like 1.1B shape
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4, max_position_embeddings=2048),
+}
+
+log = logging.getLogger("llmpipe.training")
+
+
+def llama_config(preset: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> Any:
+    """The ``LlamaConfig`` of a preset with the tokenizer's vocabulary and the user's overrides."""
+    from transformers import LlamaConfig
+
+    if preset not in PRESETS:
+        raise ValueError(f"train.model.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    kw = dict(PRESETS[preset], vocab_size=int(vocab_size), tie_word_embeddings=False,
+              rms_norm_eps=1e-5, initializer_range=0.02, use_cache=False)
+    for k in overrides or {}:
+        if not hasattr(LlamaConfig(), k):
+            raise ValueError(f"train.model.overrides.{k}: not a LlamaConfig field")
+    kw.update(overrides or {})
+    return LlamaConfig(**kw)
+
+
+def max_positions(preset: str, overrides: dict[str, Any] | None = None) -> int:
+    return int((overrides or {}).get("max_position_embeddings", PRESETS[preset]["max_position_embeddings"]))
+
+
+def choose_attention(requested: str, device: torch.device) -> str:
+    """``flash_attention_2`` on CUDA when flash-attn imports, else ``sdpa``.
+
+    ``transformers`` raises instead of falling back when flash-attn is missing, so the choice is
+    made here explicitly and logged by the caller.
+    """
+    has_fa = importlib.util.find_spec("flash_attn") is not None
+    if requested == "auto":
+        return "flash_attention_2" if device.type == "cuda" and has_fa else "sdpa"
+    if requested == "flash_attention_2" and not (device.type == "cuda" and has_fa):
+        raise ValueError("train.model.attention: flash_attention_2 needs CUDA and the flash-attn package; "
+                         "use 'auto' to fall back to sdpa")
+    return requested
+
+
+def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Any:
+    """A seeded fresh model or one continued from ``cfg.model.init_from``; attention chosen for the device."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    attn = choose_attention(cfg.model.attention, device)
+    if cfg.model.init_from:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.init_from, attn_implementation=attn,
+                                                     dtype=dtype)
+        if model.config.vocab_size < vocab_size:
+            raise ValueError(f"train.model.init_from: checkpoint vocab {model.config.vocab_size} is smaller "
+                             f"than the tokenizer's {vocab_size}")
+    else:
+        conf = llama_config(cfg.model.preset, vocab_size, cfg.model.overrides)
+        conf._attn_implementation = attn
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(conf).to(dtype)
+    model.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, attn
+
+
+def flops_per_token(model_config: Any, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x non-embedding params + attention (PaLM appendix B accounting)."""
+    h = model_config.hidden_size
+    n_layers = model_config.num_hidden_layers
+    inter = model_config.intermediate_size
+    kv = model_config.num_key_value_heads * (h // model_config.num_attention_heads)
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * inter  # q,o + k,v + gate,up,down
+    params = n_layers * per_layer + h * model_config.vocab_size  # + lm head (a matmul per token)
+    return 6.0 * params + 12.0 * n_layers * h * seq_len
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# peak dense bf16 FLOP/s of common accelerators, by a substring of the device name
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of the GPU, or None on CPU (MFU then reports achieved FLOP/s only)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for k, v in PEAK_FLOPS.items():
+        if k in name:
+            return v
+    return None

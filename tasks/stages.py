@@ -1,0 +1,129 @@
+"""The Prefect task that runs one stage.
+
+The task's cache key *is* the stage key, and its result is persisted under the store, so Prefect
+shows ``Cached`` exactly when the store holds a verified artifact for that key. If the artifact was
+removed or no longer verifies, the key function returns a fresh key and the task runs again.
+Retries happen on I/O errors only: a bug or bad data fails the first time, with the stage named.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import (
+    create_image_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+
+from llmpipe.config import PipelineConfig
+from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, open_store
+from llmpipe.stage import STAGES
+from llmpipe.store import Artifact
+
+
+RESULTS_DIR = "_prefect_results"
+
+
+def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    cfg = PipelineConfig.model_validate(parameters["config"])
+    name, key = parameters["stage"], parameters["key"]
+    store = open_store(cfg)
+    if store.get(name, key) is None:  # missing or no longer verifies: forget Prefect's record, run again
+        (store.local / RESULTS_DIR / f"{name}-{key}").unlink(missing_ok=True)
+    return f"{name}-{key}"
+
+
+def _io_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry when the stage failed on I/O (network filesystem, object store), never on bugs or data."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - the state carries no result: don't retry
+        return False
+    err = exc.error if isinstance(exc, StageFailed) else exc
+    return isinstance(err, (OSError, TimeoutError)) and not isinstance(err, (FileNotFoundError, PermissionError))
+
+
+@task(name="stage", persist_result=True, retries=2, retry_delay_seconds=5, retry_condition_fn=_io_only,
+      cache_key_fn=_cache_key)
+def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, Any],
+              upstream: dict[str, str]) -> dict[str, Any]:
+    """Run (or reuse) one stage; returns where its artifact is and what it counted."""
+    logger = get_run_logger()
+    cfg = PipelineConfig.model_validate(config)
+    store = open_store(cfg)
+    spec = STAGES[stage]
+    ps = PlannedStage(spec, key, planned["key_config"], planned["input_keys"], planned.get("extra", {}))
+    arts = {}
+    for name, ukey in upstream.items():
+        art = store.get(name, ukey)
+        if art is None:
+            raise RuntimeError(f"stage {stage!r}: input {name} ({ukey[:12]}) vanished from the store")
+        arts[name] = art
+    progress_id = create_progress_artifact(progress=0.0, description=f"{stage}: progress")
+    last = [0.0]
+
+    def on_progress(desc: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if total and (now - last[0] > 1.0 or done >= total):
+            last[0] = now
+            update_progress_artifact(progress_id, progress=100.0 * done / total, description=f"{stage}: {desc}")
+
+    runner = make_shard_runner(cfg)
+    art, ran, seconds = execute(cfg, store, ps, arts, runner=runner, logger=logger, on_progress=on_progress)
+    update_progress_artifact(progress_id, progress=100.0)
+    logger.info("%s: %s in %.2fs -> %s", stage, "computed" if ran else "reused", seconds, art.path)
+    return {"stage": stage, "key": key, "path": str(art.path), "ran": ran, "seconds": round(seconds, 3),
+            "stats": art.stats}
+
+
+def make_shard_runner(cfg: PipelineConfig) -> Any:
+    """The library's shard runner for this config: local processes, or Dask when configured."""
+    if cfg.runner.kind == "dask":
+        from llmpipe.runners_dask import DaskRunner  # noqa: PLC0415 - optional dependency
+
+        return DaskRunner.from_config(cfg.runner)
+    from llmpipe.stage import LocalRunner
+
+    return LocalRunner(cfg.runner.workers)
+
+
+def stage_task_for(cfg: PipelineConfig) -> Any:
+    """``run_stage`` with its results persisted under the store (so the cache survives processes)."""
+    results = Path(open_store(cfg).local) / RESULTS_DIR
+    results.mkdir(parents=True, exist_ok=True)
+    return run_stage.with_options(result_storage=results)  # a Path: no server-side block needed
+
+
+def publish_reports(art: Artifact, stage: str) -> None:
+    """Show a stage's tables, markdown and charts on the flow run (also when the stage was cached)."""
+    path = Path(art.path) / REPORTS
+    if not path.is_file():
+        return
+    for rep in json.loads(path.read_text()):
+        key = _slug(f"{stage}-{rep['key']}")
+        if rep["kind"] == "table" and rep["payload"]:
+            create_table_artifact(table=rep["payload"], key=key, description=rep["title"])
+        elif rep["kind"] == "markdown":
+            create_markdown_artifact(markdown=rep["payload"], key=key, description=rep["title"])
+        elif rep["kind"] == "image":
+            img = Path(art.path) / rep["payload"]
+            if img.is_file() and img.stat().st_size < 2_000_000:
+                url = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
+                create_image_artifact(image_url=url, key=key, description=rep["title"])
+
+
+def _slug(s: str) -> str:
+    out = "".join(c if c.isalnum() else "-" for c in s.lower())
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-")[:60]

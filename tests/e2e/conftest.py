@@ -1,0 +1,102 @@
+"""A real Prefect server and process worker for end-to-end tests, with state in a temporary folder.
+
+The server listens on a free port of 127.0.0.1 with its SQLite database under the test's tmp dir;
+the worker polls the ``llmpipe-process`` pool. Teardown stops both by PID (a background worker
+ignores the first SIGTERM: ManagedProcess sends a second, then SIGKILLs the process group and
+every descendant) and fails the test if any of their processes is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows import ops
+from llmpipe.ops import ManagedProcess, free_port
+
+OUTPUTS = Path(__file__).resolve().parent / "_outputs"  # git-ignored: screenshots, server/worker logs
+
+
+@dataclass
+class PrefectStack:
+    root: Path
+    state_dir: Path
+    api_url: str
+    ui_url: str
+    env: dict[str, str]
+    server: ManagedProcess
+    workers: list[ManagedProcess] = field(default_factory=list)
+
+    def deploy(self, prefect_file: str | Path = ops.PREFECT_FILE, **kw: Any) -> list[str]:
+        return ops.deploy(prefect_file, state_dir=self.state_dir, api_url=self.api_url, **kw)
+
+    def start_worker(self, pool: str = ops.WORK_POOL) -> ManagedProcess:
+        w = ops.start_worker(pool, state_dir=self.state_dir, api_url=self.api_url, extra_env=self.env,
+                             log_path=self.root / f"worker-{len(self.workers)}.log")
+        self.workers.append(w)
+        return w
+
+    def trigger(self, name: str, parameters: dict[str, Any] | None = None, timeout: float = 600) -> Any:
+        return ops.trigger(name, parameters, timeout=timeout, state_dir=self.state_dir, api_url=self.api_url)
+
+    def wait(self, flow_run_id: Any, timeout: float = 600) -> Any:
+        return ops.wait_for_flow_run(flow_run_id, timeout=timeout, state_dir=self.state_dir, api_url=self.api_url)
+
+    def deployments(self) -> dict[str, Any]:
+        return ops.list_deployments(state_dir=self.state_dir, api_url=self.api_url)
+
+    def cli_env(self) -> dict[str, str]:
+        """Environment for running ``prefect ...`` against this server from a test."""
+        return ops.prefect_env(self.state_dir, self.api_url, self.env)
+
+    def logs(self) -> str:
+        parts = [f"--- {p.name} ({p.log_path})\n{p.tail(80)}" for p in [self.server, *self.workers]]
+        return "\n".join(parts)
+
+
+def _save_logs(stack: PrefectStack, label: str) -> None:
+    dest = OUTPUTS / label
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in [stack.server, *stack.workers]:
+        if p.log_path.exists():
+            shutil.copy(p.log_path, dest / p.log_path.name)
+
+
+@pytest.fixture(scope="module")
+def prefect_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
+    """Server + one process worker, module-scoped (the server takes ~30 s to start here)."""
+    root = tmp_path_factory.mktemp("prefect-e2e")
+    state_dir = root / "state"
+    env = {
+        "PREFECT_HOME": str(root / "prefect-home"),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{root / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "HF_HUB_OFFLINE": "1",
+    }
+    port = free_port()
+    server = ops.start_server(state_dir, port=port, log_path=root / "server.log", extra_env=env, timeout=180)
+    stack = PrefectStack(root=root, state_dir=state_dir, api_url=f"http://127.0.0.1:{port}/api",
+                         ui_url=f"http://127.0.0.1:{port}", env=env, server=server)
+    old_home = os.environ.get("PREFECT_HOME")
+    os.environ["PREFECT_HOME"] = env["PREFECT_HOME"]  # this process's client profile stays in tmp too
+    try:
+        stack.start_worker()
+        yield stack
+    finally:
+        procs = [*stack.workers, server]
+        for p in procs:
+            p.stop(grace=10)
+        _save_logs(stack, request.module.__name__.rsplit(".", 1)[-1])
+        if old_home is None:
+            os.environ.pop("PREFECT_HOME", None)
+        else:
+            os.environ["PREFECT_HOME"] = old_home
+        leaked = {p.name: p.leftovers() for p in procs if p.leftovers()}
+        assert not leaked, f"processes left running after teardown: {leaked}"

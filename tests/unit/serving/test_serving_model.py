@@ -1,0 +1,74 @@
+"""The generation core of the Triton model file, run in-process against transformers' generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llmpipe.serving.triton_model import BadRequest, Generator, Limits
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_checkpoint: Path) -> Generator:
+    return Generator(str(tiny_checkpoint), Limits(max_prompt_tokens=32, max_tokens_limit=24, default_max_tokens=6))
+
+
+def reference(ckpt: Path, ids: list[int], n: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+PROMPTS = ["the quick brown fox", "once upon a time there", "héllo wörld", "numbers 12345"]
+
+
+def test_greedy_batch_equals_transformers_generate(gen: Generator, tiny_checkpoint: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    reqs = [gen.parse(p.encode(), None, 12, 0.0) for p in PROMPTS]
+    assert len({len(r.input_ids) for r in reqs}) > 1  # different lengths: left padding is exercised
+    got = gen.generate(reqs)
+    for p, r, g in zip(PROMPTS, reqs, got, strict=True):
+        assert r.input_ids == tok(p)["input_ids"]
+        ref = reference(tiny_checkpoint, r.input_ids, 12)
+        eos = tok.eos_token_id
+        assert g == (ref[: ref.index(eos) + 1] if eos in ref else ref)
+
+
+def test_per_request_max_tokens_and_sampling(gen: Generator) -> None:
+    a = gen.parse(None, [5, 6, 7], 3, 0.0)
+    b = gen.parse(None, [8, 9], 9, 0.0)
+    c = gen.parse(None, [8, 9], 9, 1.0)
+    out = gen.generate([a, b, c])
+    assert 1 <= len(out[0]) <= 3 and 1 <= len(out[1]) <= 9 and 1 <= len(out[2]) <= 9
+    assert all(0 <= t < gen.vocab_size for t in out[2])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((b"", None, 4, 0.0), "'prompt' is empty"),
+    ((b"   ", None, 4, 0.0), "'prompt' is empty"),
+    ((b"\xff\xfe", None, 4, 0.0), "not valid UTF-8"),
+    ((None, None, 4, 0.0), "exactly one of"),
+    ((b"hi", [1, 2], 4, 0.0), "exactly one of"),
+    ((None, [], 4, 0.0), "'input_ids' is empty"),
+    ((None, [1, 99999], 4, 0.0), "outside"),
+    ((None, list(range(3, 40)), 4, 0.0), "over the limit of 32"),
+    ((b"hi", None, 0, 0.0), r"'max_tokens' must be in \[1, 24\], got 0"),
+    ((b"hi", None, 25, 0.0), "got 25"),
+    ((b"hi", None, 4, -1.0), "'temperature' must be in"),
+    ((b"hi", None, 4, float("nan")), "'temperature' must be in"),
+])
+def test_bad_requests_are_refused_with_a_reason(gen: Generator, args: tuple, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        gen.parse(*args)
+
+
+def test_defaults_and_trim_at_eos(gen: Generator) -> None:
+    assert gen.parse(b"hi", None, None, None).max_tokens == 6
+    eos = next(iter(gen.eos_ids))
+    assert gen._trim([4, eos, 5, 6], 10) == [4, eos]
+    assert gen._trim([4, 5, 6], 2) == [4, 5]

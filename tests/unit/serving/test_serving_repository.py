@@ -1,0 +1,100 @@
+"""Model repository generation, the version registry and the deploy config (no server)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.repository import (
+    assign_version,
+    find_checkpoint,
+    model_config_summary,
+    render_config,
+    write_model_repository,
+)
+
+
+def test_python_backend_config_has_batching_instances_and_tensors() -> None:
+    cfg = DeployConfig(max_batch_size=16, preferred_batch_sizes=[8, 4], max_queue_delay_us=500,
+                       instance_count=2, response_cache=True)
+    text = render_config(cfg)
+    assert 'name: "llmpipe_lm"' in text and 'backend: "python"' in text
+    assert "max_batch_size: 16" in text
+    assert "dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }" in text
+    assert "instance_group [ { count: 2 kind: KIND_CPU } ]" in text
+    assert "response_cache { enable: true }" in text
+    inputs = dict(re.findall(r'input \{ name: "(\w+)" data_type: (\w+)', text))
+    assert inputs == {"prompt": "TYPE_UINT8", "input_ids": "TYPE_INT64", "max_tokens": "TYPE_INT32",
+                      "temperature": "TYPE_FP32"}
+    assert dict(re.findall(r'output \{ name: "(\w+)" data_type: (\w+)', text)) == {
+        "text": "TYPE_UINT8", "output_ids": "TYPE_INT64"}
+
+
+def test_gpu_target_and_no_dynamic_batching() -> None:
+    text = render_config(DeployConfig(target="gpu", dynamic_batching=False))
+    assert "KIND_GPU" in text and "dynamic_batching" not in text and "response_cache" not in text
+
+
+def test_vllm_layout(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    cfg = DeployConfig(backend="vllm", target="gpu", model_name="lm")
+    vdir = write_model_repository(tiny_checkpoint, tmp_path / "repo", cfg, 3)
+    text = (tmp_path / "repo" / "lm" / "config.pbtxt").read_text()
+    assert 'backend: "vllm"' in text and "max_batch_size: 0" in text and "decoupled: true" in text
+    model_json = json.loads((vdir / "model.json").read_text())
+    assert model_json["model"] == "/models/lm/3/checkpoint"
+    assert not (vdir / "model.py").exists() and (vdir / "checkpoint" / "config.json").is_file()
+    assert model_config_summary(tmp_path / "repo") == {"model": "lm", "version": 3, "backend": "vllm",
+                                                       "response_cache": False}
+
+
+def test_python_layout_copies_checkpoint_and_limits(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    cfg = DeployConfig(max_prompt_tokens=40, max_tokens_limit=20, default_max_tokens=5)
+    vdir = write_model_repository(tiny_checkpoint, tmp_path / "repo", cfg, 1)
+    assert (vdir / "model.py").read_text().startswith('"""Triton Python-backend model')
+    assert json.loads((vdir / "llmpipe_serving.json").read_text()) == {
+        "max_prompt_tokens": 40, "max_tokens_limit": 20, "default_max_tokens": 5}
+    src = sorted(p.relative_to(tiny_checkpoint) for p in tiny_checkpoint.rglob("*") if p.is_file())
+    dst = sorted(p.relative_to(vdir / "checkpoint") for p in (vdir / "checkpoint").rglob("*") if p.is_file())
+    assert src == dst
+
+
+def test_version_registry_increments_and_is_stable(tmp_path: Path) -> None:
+    reg = tmp_path / "_deploy" / "versions.json"
+    assert assign_version(reg, "lm", "key-a") == 1
+    assert assign_version(reg, "lm", "key-b") == 2
+    assert assign_version(reg, "lm", "key-a") == 1  # redeploying the same artifact keeps its number
+    assert assign_version(reg, "other", "key-a") == 1
+    assert assign_version(reg, "lm", "key-c") == 3
+
+
+def test_find_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "a" / "model").mkdir(parents=True)
+    (tmp_path / "a" / "model" / "config.json").write_text("{}")
+    assert find_checkpoint(tmp_path / "a") == tmp_path / "a" / "model"
+    (tmp_path / "b").mkdir()
+    with pytest.raises(FileNotFoundError, match="no HF checkpoint"):
+        find_checkpoint(tmp_path / "b")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"preferred_batch_sizes": [64]}, "preferred_batch_sizes must be in"),
+    ({"backend": "vllm"}, "needs target 'gpu'"),
+    ({"model_name": "bad name"}, "Triton model name"),
+    ({"default_max_tokens": 300}, "default_max_tokens"),
+    ({"max_batch_size": 0}, "greater than or equal to 1"),
+    ({"unknown": 1}, "Extra inputs"),
+])
+def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        DeployConfig(**kwargs)
+
+
+def test_run_settings_stay_out_of_the_key() -> None:
+    key = DeployConfig().key_dict()
+    assert "slo_p99_ms" not in key and "load_clients" not in key and "verify" not in key
+    assert key["max_batch_size"] == 32

@@ -1,0 +1,52 @@
+"""The deploy stage end to end: repository, version registry, and (slow) the local server check."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from llmpipe.serving import server as srv
+from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.stage import registry_path, run_deploy
+from llmpipe.stage import STAGES, StageContext
+from llmpipe.store import ArtifactStore
+
+
+def _ctx(tmp: Path, ckpt_parent: Path, cfg: DeployConfig, key: str) -> StageContext:
+    store = ArtifactStore(tmp / "store")
+    out = tmp / f"out-{key}"
+    out.mkdir()
+    return StageContext(spec=STAGES["deploy"], config=cfg, pipeline=None, key=key, out=out,
+                        inputs={"quantize": ckpt_parent}, input_keys={"quantize": "q-" + key}, store=store,
+                        log=logging.getLogger("test.deploy"))
+
+
+def test_stage_writes_repository_and_bumps_versions(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    cfg = DeployConfig(verify=False, model_name="lm")
+    stats = run_deploy(_ctx(tmp_path, tiny_checkpoint, cfg, "k1"))
+    assert stats["version"] == 1 and stats["verified"] is False and "verify is false" in stats["verify_skipped"]
+    out = tmp_path / "out-k1"
+    assert (out / "model_repository" / "lm" / "config.pbtxt").is_file()
+    assert (out / "model_repository" / "lm" / "1" / "checkpoint" / "model.safetensors").is_file()
+    info = json.loads((out / "deploy.json").read_text())
+    assert info["model"] == "lm" and info["version"] == 1 and info["quantize_key"] == "q-k1"
+    assert (out / "triton.env").read_text() == "MODEL_NAME=lm\nMODEL_VERSION=1\n"
+    assert run_deploy(_ctx(tmp_path, tiny_checkpoint, cfg, "k2"))["version"] == 2
+    assert json.loads(registry_path(ArtifactStore(tmp_path / "store")).read_text()) == {"lm": {"k1": 1, "k2": 2}}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")
+def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    cfg = DeployConfig(load_clients=4, load_requests=16, load_max_tokens=4, slo_p99_ms=60_000)
+    ctx = _ctx(tmp_path, tiny_checkpoint, cfg, "k1")
+    stats = run_deploy(ctx)
+    assert stats["verified"] and stats["requests"] == 16 and stats["p99_ms"] > 0
+    assert [s["protocol"] for s in stats["smoke"]] == ["http", "grpc"]
+    latency = json.loads((tmp_path / "out-k1" / "latency.json").read_text())
+    assert latency["slo_ok"] and latency["errors"] == 0
+    table = next(r for r in ctx.reports if r.key == "deploy-latency")
+    assert {row["metric"] for row in table.payload} >= {"p50_ms", "p95_ms", "p99_ms", "throughput_rps"}

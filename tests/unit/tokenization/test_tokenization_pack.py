@@ -1,0 +1,210 @@
+"""The tokenize stage: exact round trip, determinism, leak-free validation, mixing shares, dataset."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from llmpipe.document import Document
+from llmpipe.tokenization.config import TokenizeConfig
+from llmpipe.tokenization.dataset import IGNORE_INDEX, PackedDataset
+from llmpipe.tokenization.pack import assign_split, gather, run_tokenize, token_dtype
+from llmpipe.tokenization.tokenizer import load_for_encoding
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _tokenize(make_ctx, dirs: dict[str, Path], out: Path, workers: int = 1, **cfg):
+    ctx = make_ctx("tokenize", TokenizeConfig(**cfg), dirs, out, workers=workers)
+    return ctx, run_tokenize(ctx)
+
+
+def _stream(out: Path, split: str) -> np.ndarray:
+    """All real ids of a split in order (each shard after the first repeats one id: dropped)."""
+    index = json.loads((out / "index.json").read_text())
+    parts = []
+    for k, s in enumerate(index["splits"][split]["shards"]):
+        arr = np.fromfile(out / s["file"], dtype=index["dtype"])[: s["tokens"]]
+        parts.append(arr if k == 0 else arr[1:])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _docs_of(out: Path, tok_dir: Path, split: str) -> list[str]:
+    """Decode a split and cut it at EOS: one string per packed document."""
+    bare, meta = load_for_encoding(tok_dir)
+    ids = _stream(out, split).tolist()
+    texts, cur = [], []
+    for t in ids:
+        if t == meta["eos_id"]:
+            texts.append(bare.decode(cur, skip_special_tokens=False))
+            cur = []
+        else:
+            cur.append(t)
+    assert not cur, "every packed document ends with EOS"
+    return texts
+
+
+def test_packed_tokens_decode_to_the_documents_exactly(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    shards = [synth(50, 20, seed=1), synth(40, 25, seed=2, prefix="x")]
+    dirs = pipeline_dirs(shards)
+    out = tmp_path / "tok"
+    _, stats = _tokenize(make_ctx, dirs, out, workers=2, seq_len=32, val_fraction=0.2, sequences_per_shard=7)
+    train, val = _docs_of(out, dirs["tokenizer"], "train"), _docs_of(out, dirs["tokenizer"], "val")
+    all_docs = [d for s in shards for d in s]
+    cfg = TokenizeConfig(val_fraction=0.2)
+    want_val = [d.text for d in all_docs if assign_split(d.id, None, cfg) == 1]
+    want_train = [d.text for d in all_docs if assign_split(d.id, None, cfg) == 0]
+    assert val == want_val and train == want_train  # exact text, document order kept
+    assert 0 < len(val) < len(train)
+    assert any("<|endoftext|>" in t for t in train + val)  # literal special strings survive as text
+    index = json.loads((out / "index.json").read_text())
+    assert index["dtype"] == "uint16" and len(index["splits"]["train"]["shards"]) > 1
+    assert stats["docs"] == stats["kept"] == 135 and stats["dropped"] == {}
+    meta = json.loads((out / "val_meta.json").read_text())
+    assert meta["total_bytes"] == sum(len(t.encode()) for t in want_val)
+    assert meta["total_docs"] == len(want_val)
+    assert meta["total_tokens"] == index["splits"]["val"]["tokens"]
+
+
+def test_two_runs_give_identical_shards(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    def run(name: str) -> dict[str, str]:
+        dirs = pipeline_dirs([synth(30, 10, seed=3), synth(20, 10, seed=4, prefix="y")], name=name)
+        out = tmp_path / f"tok-{name}"
+        ctx = make_ctx("tokenize", TokenizeConfig(seq_len=16, val_fraction=0.1, language_weights={"zh": 2.5}),
+                       dirs, out, store_dir=tmp_path / f"store-{name}")
+        run_tokenize(ctx)
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+
+    a, b = run("a"), run("b")
+    assert a == b and any(k.endswith(".bin") for k in a)
+
+
+def test_no_augmented_doc_and_no_child_of_train_in_val(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    originals = synth(80, 40, seed=5)
+    children = [Document(f"{d.id}-aug", d.text[::-1] + " AUG", d.source,
+                         {**d.metadata, "parent_id": d.id, "augment_op": "x"}) for d in originals]
+    dirs = pipeline_dirs([originals + children])
+    out = tmp_path / "tok"
+    _, stats = _tokenize(make_ctx, dirs, out, seq_len=32, val_fraction=0.3)
+    cfg = TokenizeConfig(val_fraction=0.3)
+    val_parents = {d.id for d in originals if assign_split(d.id, None, cfg) == 1}
+    assert 0 < len(val_parents) < len(originals)
+    val, train = _docs_of(out, dirs["tokenizer"], "val"), _docs_of(out, dirs["tokenizer"], "train")
+    assert not any(t.endswith(" AUG") for t in val)
+    aug_in_train = sorted(t for t in train if t.endswith(" AUG"))
+    assert aug_in_train == sorted(c.text for c in children if c.metadata["parent_id"] not in val_parents)
+    assert stats["dropped"] == {"child_of_val": len(val_parents)}
+    assert stats["kept"] + stats["dropped"]["child_of_val"] == stats["docs"]
+
+
+def _train_tokens_by_lang(out: Path, tok_dir: Path) -> dict[str, int]:
+    bare, meta = load_for_encoding(tok_dir)
+    counts = {"en": 0, "zh": 0}
+    for text in _docs_of(out, tok_dir, "train"):
+        n = len(bare.encode(text, add_special_tokens=False).ids) + 1
+        counts["zh" if CJK.search(text) else "en"] += n
+    return counts
+
+
+@pytest.mark.parametrize("shares", [{"en": 0.5, "zh": 0.5}, {"en": 0.8, "zh": 0.2}])
+def test_language_shares_within_two_percent(pipeline_dirs, synth, make_ctx, tmp_path, shares) -> None:
+    dirs = pipeline_dirs([synth(300, 60, seed=6), synth(200, 90, seed=7, prefix="z")])
+    out = tmp_path / "tok"
+    _, stats = _tokenize(make_ctx, dirs, out, seq_len=64, val_fraction=0.05, language_shares=shares)
+    counts = _train_tokens_by_lang(out, dirs["tokenizer"])  # measured from the packed data itself
+    total = sum(counts.values())
+    for lang, share in shares.items():
+        assert abs(counts[lang] / total - share) < 0.02, (counts, shares)
+    row = {r["lang"]: r for r in stats["languages"]}
+    assert row["zh"]["train_tokens_after"] == counts["zh"] and row["en"]["train_tokens_after"] == counts["en"]
+
+
+def test_language_and_source_weights(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    dirs = pipeline_dirs([synth(200, 80, seed=8)])
+    base_ctx, base = _tokenize(make_ctx, dirs, tmp_path / "base", seq_len=64, val_fraction=0.0)
+    _, mixed = _tokenize(make_ctx, dirs, tmp_path / "mixed", seq_len=64, val_fraction=0.0,
+                         language_weights={"zh": 3.0}, source_weights={"books": 0.5})
+    before = _train_tokens_by_lang(tmp_path / "base", dirs["tokenizer"])
+    after = _train_tokens_by_lang(tmp_path / "mixed", dirs["tokenizer"])
+    assert abs(after["zh"] / before["zh"] - 3.0) < 0.02 * 3.0
+    assert after["en"] < before["en"]  # books (a third of en) halved
+    assert mixed["multipliers"]["en/books"] == 0.5 and mixed["multipliers"]["zh/wiki"] == 3.0
+    assert base_ctx.reports[0].key == "tokenize-languages"
+
+
+def test_long_docs_split_or_truncated_and_short_dropped(pipeline_dirs, make_ctx, tmp_path) -> None:
+    long_text = " ".join(["river city house"] * 60)
+    docs = [Document("long", long_text, "s", {"lang": "en"}), Document("short", "a", "s", {"lang": "en"}),
+            Document("ok", "the old market by the river", "s", {"lang": "en"})]
+    dirs = pipeline_dirs([docs])
+    _, st = _tokenize(make_ctx, dirs, tmp_path / "split", seq_len=16, val_fraction=0.0, min_tokens=2,
+                      max_tokens=20, long_docs="split")
+    assert st["dropped"] == {"too_short": 1} and st["split_docs"] == 1 and st["kept"] == 2
+    pieces = _docs_of(tmp_path / "split", dirs["tokenizer"], "train")
+    assert len(pieces) > 3 and "".join(pieces[:-1]) == long_text and pieces[-1] == docs[2].text
+    _, st = _tokenize(make_ctx, dirs, tmp_path / "trunc", seq_len=16, val_fraction=0.0, min_tokens=2,
+                      max_tokens=20, long_docs="truncate")
+    texts = _docs_of(tmp_path / "trunc", dirs["tokenizer"], "train")
+    assert st["truncated"] == 1 and len(texts) == 2 and long_text.startswith(texts[0]) and texts[0] != long_text
+
+
+def test_val_split_is_stable_when_a_refresh_adds_shards(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    old = synth(60, 20, seed=9)
+    a = pipeline_dirs([old], name="a")
+    b = pipeline_dirs([old, synth(60, 20, seed=10, prefix="new")], name="b")
+    _tokenize(make_ctx, a, tmp_path / "ta", seq_len=32, val_fraction=0.2)
+    _tokenize(make_ctx, b, tmp_path / "tb", seq_len=32, val_fraction=0.2)
+    old_texts = {d.text for d in old}
+    va = set(_docs_of(tmp_path / "ta", a["tokenizer"], "val"))
+    vb = {t for t in _docs_of(tmp_path / "tb", b["tokenizer"], "val") if t in old_texts}
+    assert va == vb and va
+
+
+def test_packed_dataset_random_access_and_padding(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    dirs = pipeline_dirs([synth(40, 20, seed=11)])
+    out = tmp_path / "tok"
+    _tokenize(make_ctx, dirs, out, seq_len=16, val_fraction=0.2, sequences_per_shard=5)
+    ds = PackedDataset(out, "train")
+    stream = _stream(out, "train")
+    assert len(ds) == -(-(len(stream) - 1) // 16)
+    for i in (0, 4, 5, len(ds) - 1):
+        item = ds[i]
+        assert item.dtype == torch.long and item.shape == (17,)
+        want = stream[i * 16 : i * 16 + 17]
+        assert item[: len(want)].tolist() == want.tolist()
+    x, y = PackedDataset(out, "train", pairs=True)[len(ds) - 1]
+    n_real_targets = len(stream) - 1 - (len(ds) - 1) * 16
+    assert x.shape == y.shape == (16,) and (y[:n_real_targets] >= 0).all()
+    assert (y[n_real_targets:] == IGNORE_INDEX).all()
+    val = PackedDataset(out, "val")
+    langs = val.languages(0)
+    assert len(langs) == 16 and set(langs.tolist()) <= {0, 1, 255}
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    with pytest.raises(ValueError, match="split must be one of"):
+        PackedDataset(out, "test")
+
+
+def test_dtype_gather_and_config_errors() -> None:
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+    arr = np.arange(10)
+    assert gather(arr, np.array([2, 7]), np.array([3, 2])).tolist() == [2, 3, 4, 7, 8]
+    with pytest.raises(ValidationError, match="shares must sum to 1"):
+        TokenizeConfig(language_shares={"en": 0.5, "zh": 0.4})
+    with pytest.raises(ValidationError, match="not both"):
+        TokenizeConfig(language_shares={"en": 1.0}, language_weights={"en": 2})
+    with pytest.raises(ValidationError, match=r"must be in \[0, 1\)"):
+        TokenizeConfig(val_fraction=1.0)
+
+
+def test_share_for_missing_language_is_a_clear_error(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    dirs = pipeline_dirs([synth(20, 5, seed=12)])
+    with pytest.raises(ValueError, match=r"language_shares: languages \['fr'\]"):
+        _tokenize(make_ctx, dirs, tmp_path / "t", language_shares={"en": 0.5, "fr": 0.5})

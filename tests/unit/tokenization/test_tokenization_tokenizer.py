@@ -1,0 +1,58 @@
+"""The tokenizer stage: a byte-level BPE that transformers loads and that round-trips any text."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from llmpipe.tokenization.config import TokenizerConfig
+from llmpipe.tokenization.tokenizer import load_for_encoding, run_tokenizer
+
+TRICKY = "Tabs\tand  spaces \n\n中文，標點！ émigrés 🎉🎉 <|endoftext|> <|pad|> \u200b end"
+
+
+def test_trained_tokenizer_loads_with_autotokenizer_and_round_trips(pipeline_dirs, synth) -> None:
+    from transformers import AutoTokenizer
+
+    dirs = pipeline_dirs([synth(60, 30)])
+    tok = AutoTokenizer.from_pretrained(dirs["tokenizer"])
+    assert tok.eos_token == "<|endoftext|>" and tok.bos_token == "<|endoftext|>" and tok.pad_token == "<|pad|>"
+    assert tok.pad_token_id != tok.eos_token_id and 300 < len(tok) <= 600
+    assert (dirs["tokenizer"] / "tokenizer_config.json").is_file()
+    assert tok.decode(tok(TRICKY, add_special_tokens=False)["input_ids"]) == TRICKY
+    bare, meta = load_for_encoding(dirs["tokenizer"])
+    ids = bare.encode(TRICKY, add_special_tokens=False).ids
+    assert meta["eos_id"] not in ids and meta["pad_id"] not in ids  # special strings in text stay text
+    assert bare.decode(ids, skip_special_tokens=False) == TRICKY
+
+
+def test_training_is_deterministic(pipeline_dirs, synth) -> None:
+    a = pipeline_dirs([synth(40, 20)], name="a")["tokenizer"] / "tokenizer.json"
+    b = pipeline_dirs([synth(40, 20)], name="b")["tokenizer"] / "tokenizer.json"
+    assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
+
+
+def test_pretrained_tokenizer_by_path(pipeline_dirs, synth, make_ctx, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    dirs = pipeline_dirs([synth(20, 10)])
+    out = tmp_path / "pre"
+    stats = run_tokenizer(make_ctx("tokenizer", TokenizerConfig(pretrained=str(dirs["tokenizer"])),
+                                   {"augment": dirs["augment"]}, out))
+    assert stats["source"].startswith("pretrained:") and stats["train_docs"] == 0
+    assert len(AutoTokenizer.from_pretrained(out)) == len(AutoTokenizer.from_pretrained(dirs["tokenizer"]))
+    with pytest.raises(FileNotFoundError, match="tokenizer.pretrained"):
+        run_tokenizer(make_ctx("tokenizer", TokenizerConfig(pretrained=str(tmp_path / "nope")),
+                               {"augment": dirs["augment"]}, tmp_path / "x"))
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ValidationError, match="at least 260"):
+        TokenizerConfig(vocab_size=100)
+    with pytest.raises(ValidationError, match="must be one of special_tokens"):
+        TokenizerConfig(eos_token="</s>")
+    with pytest.raises(ValidationError, match="pad_token must differ"):
+        TokenizerConfig(pad_token="<|endoftext|>")
