@@ -46,6 +46,7 @@ def run_flow(flow: str, config: str, overrides: list[str] | None, from_stage: st
             if art is not None:
                 publish_reports(art, ps.name)
             rows.append({"stage": ps.name, "key": ps.key[:12], "status": "cached" if cached else "ran",
+                         "state": state.name,
                          "seconds": round(time.time() - t0, 2), "counts": summarize_stats(result["stats"])})
             logger.info("stage %-10s %s  %s", ps.name, rows[-1]["status"], ps.key[:12])
     finally:

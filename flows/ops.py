@@ -99,6 +99,7 @@ def start_server(
     env["PREFECT_HOME"] = env.get("PREFECT_HOME") or str(home)
     env.pop("PREFECT_API_URL", None)  # the server must not point at another server
     env["PREFECT_SERVER_API_HOST"], env["PREFECT_SERVER_API_PORT"] = host, str(port)
+    env.setdefault("PREFECT_UI_URL", f"http://{host}:{port}")  # links in alerts and logs
     proc = ManagedProcess(_prefect_cmd("server", "start", "--host", host, "--port", str(port)),
                           log_path or home / "server.log", env=env, name="prefect-server")
     proc.start()

@@ -13,6 +13,7 @@ from llmpipe.stage import STAGES, StageSpec
 STAGE_MODULES = [
     "llmpipe.ingest",
     "llmpipe.curation.stages",  # langid, quality, safety
+    "llmpipe.curation.dedup.stage",  # exact + MinHash LSH dedup
 ]
 
 

@@ -13,3 +13,11 @@ apt_install() {  # apt_install BINARY PACKAGE...: install Debian packages when B
 }
 # Headless browser for the Prefect UI end-to-end test (tests/e2e); playwright drives this binary, never downloads one.
 apt_install chromium chromium
+# Serving (issue 7): a local Triton 2.51 server + Python backend from the nvidia-pytriton wheel. The wheel
+# pins numpy<2 while llmcompressor needs numpy>=2, so it goes in without its deps (we only run its bundled
+# tritonserver binary, never import pytriton); see llmpipe/serving/server.py. nginx: `nginx -t` of deployments/triton.
+"$PY" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" 2>/dev/null \
+  || "$PY" -m pip install --no-deps "nvidia-pytriton==0.7.0"
+apt_install nginx nginx-light
+# dedup: the Redis-backed LSH index test starts a real redis-server
+apt_install redis-server redis-server

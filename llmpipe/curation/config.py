@@ -20,6 +20,8 @@ class LangIdConfig(Section):
     default_threshold: float = 0.65
     thresholds: dict[str, float] = Field(default_factory=dict, description="per-language thresholds {en: 0.65}")
     min_chars: int = Field(20, ge=0, description="shorter stripped texts get lang 'und', reason too_short")
+    max_chars: int = Field(
+        100_000, ge=0, description="score at most this many leading characters (0 = all); bounds huge docs")
     detect_code: bool = True
     code_threshold: float = Field(0.5, description="share of code-like lines from which a doc is lang 'code'")
     keep_code: bool = False

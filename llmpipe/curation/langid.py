@@ -142,7 +142,8 @@ class LanguageFilter(Filter):
                 results[i] = self._tag(d, "code", cr, None if keep else "code", {"code_ratio": cr})
                 continue
             to_model.append(i)
-        preds = self.lid.predict([docs[i].text for i in to_model])
+        cap = cfg.max_chars
+        preds = self.lid.predict([docs[i].text[:cap] if cap else docs[i].text for i in to_model])
         for i, (lang, score) in zip(to_model, preds, strict=True):
             results[i] = self._decide(docs[i], lang, score)
         return results  # type: ignore[return-value]

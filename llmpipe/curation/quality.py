@@ -80,6 +80,15 @@ class GopherQualityFilter(ScoredFilter):
 
     def scores(self, doc: Document) -> dict[str, Any]:
         text = doc.text
+        if self.s.max_doc_words and len(text) > 20 * self.s.max_doc_words:
+            # Fast path for huge docs: whitespace chunks bound the word count; far over the limit, the
+            # precise (slow) tokenization cannot change the decision.
+            n_chunks = len(text.split())
+            if n_chunks > 2 * self.s.max_doc_words:
+                return {"lang": doc_lang(doc, self.default_lang), "cjk": False, "n_words": n_chunks,
+                        "estimated": True, "avg_word_length": None, "hash_ratio": None, "ellipsis_ratio": None,
+                        "bullet_lines_ratio": None, "ellipsis_lines_ratio": None, "alpha_words_ratio": None,
+                        "n_stop_words": None}
         tagged = bool(doc.metadata.get("lang")) and doc_lang(doc, "") != ""
         lang = doc_lang(doc, self.default_lang)
         cjk = is_cjk_doc(text, lang if tagged else None)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmpipe.serving.repository import REPO_DIR, model_config_summary
+from llmpipe.serving.repository import REPO_DIR
 
 
 class ServerError(RuntimeError):
@@ -151,7 +151,9 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
     repo = Path(repo_dir).resolve()
     if (repo / REPO_DIR).is_dir():  # a deploy artifact: its repository is one level down
         repo = repo / REPO_DIR
-    summary = model_config_summary(repo)
+    configs = sorted(repo.glob("*/config.pbtxt"))
+    if not configs:
+        raise ServerError(f"{repo}: not a Triton model repository (no <model>/config.pbtxt)")
     runtime = prepare_runtime()
     ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
     log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
@@ -161,7 +163,7 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
            "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}",
            "--metrics-address=127.0.0.1", f"--metrics-port={ports[2]}",
            "--exit-timeout-secs=5", "--log-verbose=0", "--strict-readiness=true"]
-    if summary["response_cache"]:
+    if any("response_cache" in c.read_text() for c in configs):
         cmd.append(f"--cache-config=local,size={cache_bytes}")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
@@ -242,8 +244,8 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
     repo = resolve_artifact(artifact_dir, config)
     with serve(repo, http_port, grpc_port, metrics_port=metrics_port,
                startup_timeout_s=startup_timeout_s) as server:
-        info = model_config_summary(server.repo)
-        print(f"serving {info['model']} v{info['version']}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
+        models = ", ".join(c.parent.name for c in sorted(server.repo.glob("*/config.pbtxt")))
+        print(f"serving {models}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
               f"(log {server.log_path}); Ctrl-C stops", flush=True)
         try:
             while server.process.poll() is None:

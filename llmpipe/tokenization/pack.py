@@ -310,7 +310,7 @@ def pack(shards: list[dict[str, Any]], copies: list[np.ndarray], out: Path, cfg:
     train = Packer(out, "train", cfg.seq_len, cfg.sequences_per_shard, dtype, meta["pad_id"])
     val = Packer(out, "val", cfg.seq_len, cfg.sequences_per_shard, dtype, meta["pad_id"], with_lang=True)
     rounds = max((int(c.max()) for c in copies if len(c)), default=0)
-    for s, c in zip(shards, copies, strict=True):  # validation: one copy, with its language per token
+    for s in shards:  # validation: one copy, with its language per token
         segs = s["segs"]
         if not len(segs):
             continue

@@ -40,7 +40,7 @@ class _OperatorBase(Section):
 
     @property
     def label(self) -> str:
-        return self.name or str(getattr(self, "type"))
+        return self.name or str(self.type)
 
 
 class SynonymOp(_OperatorBase):

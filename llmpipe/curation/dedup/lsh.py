@@ -161,7 +161,7 @@ class ExternalIndex:
         return max(1, -(-self._records() * self.RECORD_BYTES * 6 // self.budget))
 
     def _ranges(self, parts: int) -> Iterator[tuple[int, int]]:
-        edges = [int(x) for x in np.linspace(0, 1 << 64, parts + 1, dtype=object)]
+        edges = [(p << 64) // parts for p in range(parts + 1)]
         for p in range(parts):
             yield edges[p], edges[p + 1]
 
@@ -207,9 +207,8 @@ def _bucket_pairs(docs: np.ndarray, starts: np.ndarray, sizes: np.ndarray, first
     out = []
     for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
         members = docs[s : s + n]
-        jj, ii = np.triu_indices(n, k=1)  # ii < jj positions; members are ascending
-        jd, idd = members[ii], members[jj]
-        pair = np.stack([idd, jd], axis=1)
+        lo, hi = np.triu_indices(n, k=1)  # lo < hi positions; members are ascending
+        pair = np.stack([members[hi], members[lo]], axis=1)  # (j, i) with i < j
         pair = pair[(pair[:, 0] >= first_new) & (pair[:, 0] != pair[:, 1])]
         out.append(pair)
     return np.concatenate(out) if out else np.zeros((0, 2), np.int64)

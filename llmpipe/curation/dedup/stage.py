@@ -162,7 +162,10 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
                    lineage: str) -> tuple[Any, bool]:
     """(index, loaded): the previous run's LSH when it matches the backend, else a fresh one."""
     b, r = params["bands"], params["rows"]
-    if cfg.backend == "external":
+    if cfg.backend == "external":  # the old shards' band runs were linked into out_index/bands
+        runs = [out_index / "bands" / Path(s["name"]).stem for s in (prev[1]["shards"] if prev else [])]
+        if runs and all((d / "keys.npy").is_file() for d in runs):
+            return ExternalIndex(runs, b, r, cfg.memory_budget_mb), True
         return ExternalIndex([], b, r, cfg.memory_budget_mb), False
     storage = None
     if cfg.backend == "redis":

@@ -9,7 +9,12 @@ import pytest
 from pydantic import ValidationError
 
 from llmpipe.curation.augment.config import AugmentConfig
-from llmpipe.curation.augment.operators import _longest_matches, find_entities, load_synonym_table, split_sentences
+from llmpipe.curation.augment.operators import (
+    _longest_matches,
+    find_entities,
+    load_synonym_table,
+    split_sentences,
+)
 from llmpipe.curation.augment.stage import augment_documents, run_augment
 from llmpipe.document import Document, read_shard, write_shard
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from curation_helpers import GOOD_EN, doc
 
 from llmpipe.curation.config import QualityConfig
 from llmpipe.curation.filters import (
@@ -19,6 +18,7 @@ from llmpipe.curation.filters import (
 )
 from llmpipe.curation.quality import GopherQualityFilter, build_quality_filters, rejudge
 from llmpipe.document import Document, read_shard, write_shard
+from tests.unit.curation.curation_helpers import GOOD_EN, doc
 
 
 class LengthFilter(Filter):

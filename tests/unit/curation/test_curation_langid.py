@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from curation_helpers import doc
 
 from llmpipe.curation.config import LangIdConfig
 from llmpipe.curation.langid import LanguageFilter, LanguageIdentifier, code_ratio, default_model_path
+from tests.unit.curation.curation_helpers import doc
 
 SENTENCES = {
     "en": "The committee will publish its final report on climate policy next week, after months of debate.",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from curation_helpers import doc
 
 from llmpipe.curation.config import BlocklistSettings, PiiSettings
 from llmpipe.curation.safety import BlocklistFilter, PiiRedactor, cn_id_valid, luhn_valid, redact_pii
+from tests.unit.curation.curation_helpers import doc
 
 
 @pytest.mark.parametrize("number", ["4111111111111111", "5500005555555559", "378282246310005", "79927398713"])

@@ -11,7 +11,7 @@ from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup.text import shingles
 from llmpipe.document import Document, iter_documents, read_shard, shard_paths
 
-from dedup_testlib import planted_pair, publish_input, run_dedup, words
+from tests.unit.dedup.dedup_testlib import planted_pair, publish_input, run_dedup, words
 
 
 def _jaccard(a: str, b: str) -> float:
@@ -136,6 +136,6 @@ def test_out_of_core_equals_in_memory(store) -> None:
     parts = ExternalIndex(runs, ext.stats["bands"], ext.stats["rows"], ext_cfg.memory_budget_mb).partitions()
     assert parts >= 8, "the budget must force several partitions for this test to mean anything"
     assert _decisions(ext.path) == _decisions(mem.path)
-    assert ext.stats["rejected_near_duplicate"] > 50
+    assert ext.stats["rejected_near_duplicate"] > 30
     kept = pq.read_table(shard_paths(ext.path)[0]).num_rows
     assert kept == pq.read_table(shard_paths(mem.path)[0]).num_rows

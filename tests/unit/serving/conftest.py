@@ -6,46 +6,9 @@ from pathlib import Path
 
 import pytest
 
-CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "once upon a time there was a language model",
-    "pipelines turn raw text into served models",
-    "hello world, numbers 12345 and symbols !?",
-    "sehr geehrte damen und herren, héllo wörld",
-] * 20
-
-
-def make_checkpoint(path: Path, seed: int = 0) -> Path:
-    """Save a tiny LlamaForCausalLM plus a byte-level BPE tokenizer with save_pretrained."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(hf_tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      bos_token_id=hf_tok.bos_token_id, eos_token_id=hf_tok.eos_token_id,
-                      pad_token_id=hf_tok.pad_token_id)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # sharper logits than the default init: fewer near-ties in greedy decoding
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.generation_config.eos_token_id = hf_tok.eos_token_id
-    model.generation_config.pad_token_id = hf_tok.pad_token_id
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    hf_tok.save_pretrained(path)
-    return path
+from llmpipe.serving.tiny import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("serving") / "ckpt")
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("serving") / "ckpt")

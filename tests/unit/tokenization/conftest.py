@@ -53,7 +53,7 @@ def make_ctx(tmp_path: Path) -> Callable[..., Any]:
         out.mkdir(parents=True, exist_ok=True)
         store = ArtifactStore(store_dir or tmp_path / "store")
         return StageContext(spec=STAGES[name], config=config, pipeline=None, key="test", out=out,
-                            inputs=inputs, input_keys=input_keys or {k: "key-" + k for k in inputs},
+                            inputs=inputs, input_keys=input_keys or {k: f"key-{v}" for k, v in inputs.items()},
                             store=store, runner=LocalRunner(workers))
 
     return make
