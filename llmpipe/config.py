@@ -55,6 +55,7 @@ class IngestConfig(Section):
     strip_control: bool = True
     min_chars: int = Field(1, ge=0)
     max_docs_per_shard: int = Field(20000, gt=0)
+    chunk_mb: float = Field(32, gt=0, description="uncompressed JSONL files are split into chunks of this size")
     read_batch_lines: int = run_setting(8192, gt=0)
 
 
@@ -124,7 +125,7 @@ def _looks_like_float(s: str) -> bool:
         float(s)
     except ValueError:
         return False
-    return any(c in s.lower() for c in "e.") and not s.lower() in ("nan", "inf", "-inf")
+    return any(c in s.lower() for c in "e.") and s.lower() not in ("nan", "inf", "-inf")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

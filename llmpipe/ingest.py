@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import re
 import unicodedata
 from collections import Counter
@@ -31,8 +32,9 @@ class Bad(Exception):
 
 
 def normalize(text: str, form: str, strip_control: bool) -> str:
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if form != "none":
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if form != "none" and not unicodedata.is_normalized(form, text):
         text = unicodedata.normalize(form, text)
     if strip_control:
         text = _CONTROL.sub("", text)
@@ -50,36 +52,89 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+def _lines(path: Path, chunk: tuple[int, int] | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a file, or of chunk ``i`` of ``n`` (byte ranges cut at newlines)."""
+    if chunk is None or chunk[1] == 1:
+        with _open_binary(path) as raw:
+            yield from enumerate(raw, start=1)
+        return
+    i, n = chunk
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        start, end = _aligned(f, size * i // n), _aligned(f, size * (i + 1) // n)
+        first_line = 1 + _count_newlines(f, start)
+        f.seek(start)
+        pos = start
+        for no, line in enumerate(f, start=first_line):
+            if pos >= end:
+                break
+            pos += len(line)
+            yield no, line
+
+
+def _aligned(f: Any, offset: int) -> int:
+    """The first line start at or after ``offset``."""
+    if offset == 0:
+        return 0
+    f.seek(offset - 1)
+    f.readline()
+    return f.tell()
+
+
+def _count_newlines(f: Any, upto: int, block: int = 1 << 22) -> int:
+    f.seek(0)
+    count, left = 0, upto
+    while left > 0:
+        data = f.read(min(block, left))
+        if not data:
+            break
+        count += data.count(b"\n")
+        left -= len(data)
+    return count
+
+
+def _json_loads(line: bytes) -> Any:
+    return _orjson.loads(line) if _orjson is not None else json.loads(line)
+
+
+try:  # orjson parses 2-3x faster than json; same errors (its JSONDecodeError subclasses json's)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None
+
+
+def read_jsonl(path: Path, text_field: str, id_field: str | None,
+               chunk: tuple[int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
     """Yield (line number, text or Bad, extra metadata) for each non-blank line."""
-    with _open_binary(path) as raw:
-        for n, line in enumerate(raw, start=1):
-            if not line.strip():
-                continue
+    for n, line in _lines(path, chunk):
+        if not line.strip():
+            continue
+        try:
+            rec = _json_loads(line)
+        except ValueError as e:
             try:
-                s = line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield str(n), Bad(f"undecodable bytes (not UTF-8) at byte {e.start}"), {}
+                line.decode("utf-8")
+            except UnicodeDecodeError as ue:
+                yield str(n), Bad(f"undecodable bytes (not UTF-8) at byte {ue.start}"), {}
                 continue
-            try:
-                rec = json.loads(s)
-            except json.JSONDecodeError as e:
-                yield str(n), Bad(f"malformed JSON: {e.msg} at column {e.colno}"), {}
-                continue
-            if not isinstance(rec, dict):
-                yield str(n), Bad(f"expected a JSON object, got {type(rec).__name__}"), {}
-                continue
-            if text_field not in rec:
-                yield str(n), Bad(f"missing text field {text_field!r}"), {}
-                continue
-            text = rec.pop(text_field)
-            if not isinstance(text, str):
-                yield str(n), Bad(f"text field {text_field!r} is {type(text).__name__}, not a string"), {}
-                continue
-            extra = {k: v for k, v in rec.items() if isinstance(v, (str, int, float, bool)) or v is None}
-            if id_field and id_field in rec:
-                extra["orig_id"] = str(rec[id_field])
-            yield str(n), text, extra
+            msg = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) and _orjson is None \
+                else str(e).split(": line")[0]
+            yield str(n), Bad(f"malformed JSON: {msg}"), {}
+            continue
+        if not isinstance(rec, dict):
+            yield str(n), Bad(f"expected a JSON object, got {type(rec).__name__}"), {}
+            continue
+        if text_field not in rec:
+            yield str(n), Bad(f"missing text field {text_field!r}"), {}
+            continue
+        text = rec.pop(text_field)
+        if not isinstance(text, str):
+            yield str(n), Bad(f"text field {text_field!r} is {type(text).__name__}, not a string"), {}
+            continue
+        extra = {k: v for k, v in rec.items() if isinstance(v, (str, int, float, bool)) or v is None}
+        if id_field and id_field in rec:
+            extra["orig_id"] = str(rec[id_field])
+        yield str(n), text, extra
 
 
 def read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
@@ -136,9 +191,10 @@ def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[
             yield loc, text if isinstance(text, str) else Bad("text is not a string"), extra
 
 
-def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
+                 chunk: tuple[int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
     if fmt == "jsonl":
-        return read_jsonl(path, text_field, id_field)
+        return read_jsonl(path, text_field, id_field, chunk)
     if fmt == "parquet":
         return read_parquet(path, text_field, id_field)
     if fmt in ("text", "text_lines"):
@@ -166,7 +222,8 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
             docs = []
 
     try:
-        for loc, text, extra in iter_records(path, fmt, arg["text_field"], arg["id_field"]):
+        chunk = tuple(arg["chunk"]) if arg.get("chunk") else None
+        for loc, text, extra in iter_records(path, fmt, arg["text_field"], arg["id_field"], chunk):
             read += 1
             if isinstance(text, Bad):
                 reason = str(text)
@@ -205,7 +262,7 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
     for u in units:
         arg = {**u, "config": ctx.config.key_dict()}
         shard_key = hash_json(["ingest", VERSION, arg["config"], u["source"], u["rel"], u["format"],
-                               u["text_field"], u["id_field"], u["sha256"]])
+                               u["text_field"], u["id_field"], u["sha256"], u.get("chunk")])
         items.append((shard_key, arg))
     results = ctx.cached_map(ingest_file, items, desc="ingest files")
     totals: Counter[str] = Counter()
@@ -234,6 +291,13 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
             "sources": {u["source"]: u["source_key"] for u in units}, "per_source": rows}
 
 
+def _n_chunks(path: Path, fmt: str, chunk_mb: float) -> int:
+    """Big uncompressed JSONL files are cut into byte ranges so that several workers share one file."""
+    if fmt != "jsonl" or path.name.lower().endswith((".gz", ".zst")) or not path.is_file():
+        return 1
+    return max(1, math.ceil(path.stat().st_size / (chunk_mb * (1 << 20))))
+
+
 def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The files to ingest and each source's content key (``source:<name>`` inputs of the stage)."""
     cache = HashCache(state_dir / "source-hashes.json")
@@ -245,10 +309,13 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], d
         for path, fmt, rel in files:
             digest = cache.sha256(path)
             parts.append((rel, fmt, digest))
-            units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,
-                          "display": f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path),
-                          "prefix": f"{src.name}-{digest[:12]}", "text_field": src.text_field,
-                          "id_field": src.id_field})
+            n = _n_chunks(path, fmt, pipeline.ingest.chunk_mb)
+            for i in range(n):
+                units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,
+                              "display": f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path),
+                              "prefix": f"{src.name}-{digest[:12]}" + (f"-c{i:04d}" if n > 1 else ""),
+                              "text_field": src.text_field, "id_field": src.id_field,
+                              "chunk": [i, n] if n > 1 else None})
         keys[f"source:{src.name}"] = hash_json(parts)
         for u in units:
             if u["source"] == src.name:

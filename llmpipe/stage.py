@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
 import os
 import shutil
 import time
@@ -20,8 +21,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-import multiprocessing as mp
 
 log = logging.getLogger("llmpipe")
 

@@ -30,7 +30,6 @@ from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, open_sto
 from llmpipe.stage import STAGES
 from llmpipe.store import Artifact
 
-
 RESULTS_DIR = "_prefect_results"
 
 

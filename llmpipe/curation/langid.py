@@ -32,7 +32,6 @@ from llmpipe.curation.filters import Filter, FilterResult
 from llmpipe.document import Document
 
 _LABEL = "__label__"
-_WS = re.compile(r"\s+")
 # Lines that look like source code (keyword + code syntax, statement ends, braces, prompts, markup).
 # Keywords alone are not enough: prose lines start with "class", "return", "import" too.
 _CODE_LINE = re.compile(
@@ -47,7 +46,12 @@ _CODE_LINE = re.compile(
     r")"
     r"|(?:[;{}]|\)\s*:|=>|\)\s*\{)\s*$"
 )
-_CODE_HINT = re.compile(r"[;{}]|\bdef |\bimport |</|=>|\breturn\b")
+_CODE_HINTS = (";", "{", "}", "def ", "import ", "</", "=>", "return", ">>> ")
+
+
+def _visible_chars(text: str) -> int:
+    """Characters other than common whitespace (C-speed counts, no regex)."""
+    return len(text) - sum(text.count(c) for c in " \n\t\r\u3000\xa0")
 
 
 def default_model_path() -> Path:
@@ -75,7 +79,8 @@ def load_model(path: str) -> Any:
 
 def code_ratio(text: str, max_lines: int = 200) -> float:
     """Share of non-empty lines (of the first ``max_lines``) that look like source code."""
-    if not _CODE_HINT.search(text, 0, 20000):
+    head = text[:20000]
+    if not any(h in head for h in _CODE_HINTS):  # substring tests are C-fast; most prose has none
         return 0.0
     lines = [ln for ln in text.split("\n", max_lines)[:max_lines] if ln.strip()]
     if not lines:
@@ -120,6 +125,9 @@ class LanguageFilter(Filter):
         self.cfg = cfg or LangIdConfig()
         self.lid = LanguageIdentifier(self.cfg.model_path)
         self.keep = set(self.cfg.languages)
+        self.thresholds = dict(self.cfg.thresholds)
+        self.default_threshold = self.cfg.default_threshold
+        self.tag_mode = self.cfg.mode == "tag"
 
     def threshold(self, lang: str) -> float:
         return self.cfg.thresholds.get(lang, self.cfg.default_threshold)
@@ -132,14 +140,13 @@ class LanguageFilter(Filter):
         results: list[FilterResult | None] = [None] * len(docs)
         to_model: list[int] = []
         for i, d in enumerate(docs):
-            stripped_len = len(_WS.sub("", d.text[:10 * cfg.min_chars + 100])) if cfg.min_chars else 1
-            if stripped_len < cfg.min_chars:
-                results[i] = self._tag(d, "und", 0.0, "too_short", {})
+            if cfg.min_chars and _visible_chars(d.text[:4096]) < cfg.min_chars:
+                results[i] = self._tag(d, "und", 0.0, "too_short")
                 continue
             cr = code_ratio(d.text) if cfg.detect_code else 0.0
             if cr >= cfg.code_threshold and cr > 0:
                 keep = cfg.keep_code or "code" in self.keep
-                results[i] = self._tag(d, "code", cr, None if keep else "code", {"code_ratio": cr})
+                results[i] = self._tag(d, "code", cr, None if keep else "code", code_ratio=cr)
                 continue
             to_model.append(i)
         cap = cfg.max_chars
@@ -149,21 +156,24 @@ class LanguageFilter(Filter):
         return results  # type: ignore[return-value]
 
     def _decide(self, doc: Document, lang: str, score: float) -> FilterResult:
-        extra = {"pred": lang, "pred_score": round(score, 5)}
-        confident = score > self.threshold(lang)
-        if self.cfg.mode == "tag":
-            return self._tag(doc, lang if confident else "und", score, None, extra)
+        confident = score > self.thresholds.get(lang, self.default_threshold)
+        if self.tag_mode:
+            return self._tag(doc, lang if confident else "und", score, None, lang)
         if self.keep and lang not in self.keep:
-            return self._tag(doc, lang, score, "lang_not_kept", extra)
-        if not confident:
-            return self._tag(doc, lang, score, "low_lang_score", extra)
-        return self._tag(doc, lang, score, None, extra)
+            return self._tag(doc, lang, score, "lang_not_kept", lang)
+        return self._tag(doc, lang, score, None if confident else "low_lang_score", lang)
 
     def _tag(self, doc: Document, lang: str, score: float, reason: str | None,
-             extra: dict[str, Any]) -> FilterResult:
-        doc.metadata["lang"] = lang
-        doc.metadata["lang_score"] = round(score, 5)
-        self.set_scores(doc, {"lang": lang, "score": round(score, 5), **extra})
-        if reason is None or self.cfg.mode == "tag":
+             pred: str | None = None, code_ratio: float | None = None) -> FilterResult:
+        meta = doc.metadata
+        meta["lang"] = lang
+        meta["lang_score"] = score
+        sc: dict[str, Any] = {"lang": lang, "score": score}
+        if pred is not None and pred != lang:
+            sc["pred"] = pred  # the model's label when the doc was routed elsewhere (und)
+        if code_ratio is not None:
+            sc["code_ratio"] = code_ratio
+        meta.setdefault("scores", {})[self.name] = sc
+        if reason is None or self.tag_mode:
             return True
         return False, reason

@@ -33,10 +33,16 @@ LN2 = math.log(2.0)
 
 @dataclass
 class EvalSequence:
-    """One held-out token sequence; ``lang`` labels it for the per-language breakdown."""
+    """One held-out token sequence and the language of what it holds.
+
+    ``lang`` is a name for the whole sequence, or an int array with one entry per *target*
+    (``len(tokens) - 1``) indexing ``language_names`` of :func:`evaluate_model` -- the layout of the
+    tokenize artifact's ``.lang.npy`` files, where packed sequences mix documents of several languages.
+    Targets whose index is out of range (255 = padding) count overall only.
+    """
 
     tokens: Sequence[int] | np.ndarray
-    lang: str | None = None
+    lang: str | np.ndarray | None = None
 
 
 @dataclass
@@ -113,8 +119,8 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 @torch.no_grad()
 def score_batch(model: torch.nn.Module, batch: list[np.ndarray], pad_id: int | None,
-                byte_len: np.ndarray) -> list[Tally]:
-    """Per-sequence tallies of one right-padded batch."""
+                byte_len: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """Per-target arrays (nll, correct, bytes, scored) of each sequence of one right-padded batch."""
     dev = model_device(model)
     width = max(len(s) for s in batch)
     ids = torch.full((len(batch), width), pad_id if pad_id is not None else 0, dtype=torch.long)
@@ -126,28 +132,38 @@ def score_batch(model: torch.nn.Module, batch: list[np.ndarray], pad_id: int | N
     ids, valid = ids.to(dev), valid.to(dev)
     logits = model(input_ids=ids, attention_mask=valid.long()).logits[:, :-1].float()
     target, mask = ids[:, 1:], valid[:, 1:] & valid[:, :-1]
-    logp = F.log_softmax(logits, dim=-1)
-    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).double()
-    correct = logits.argmax(-1) == target
-    blen = torch.as_tensor(byte_len, device=dev)[target]
-    out = []
-    for r in range(len(batch)):
-        m = mask[r]
-        out.append(Tally(nll=float(nll[r][m].sum()), tokens=int(m.sum()), correct=int(correct[r][m].sum()),
-                         bytes=int(blen[r][m].sum()), sequences=1))
-    return out
+    nll = -F.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    cols = {"nll": nll.double(), "correct": logits.argmax(-1) == target,
+            "bytes": torch.as_tensor(byte_len, device=dev)[target], "scored": mask}
+    cols = {k: v.cpu().numpy() for k, v in cols.items()}
+    return [{k: v[r, : len(s) - 1] for k, v in cols.items()} for r, s in enumerate(batch)]
+
+
+def _tally(cols: dict[str, np.ndarray], sel: np.ndarray) -> Tally:
+    return Tally(nll=float(cols["nll"][sel].sum()), tokens=int(sel.sum()), correct=int(cols["correct"][sel].sum()),
+                 bytes=int(cols["bytes"][sel].sum()), sequences=int(sel.any()))
 
 
 def language_model_metrics(model: torch.nn.Module, sequences: Sequence[EvalSequence], pad_id: int | None,
-                           byte_len: np.ndarray, batch_size: int = 8) -> dict[str, Any]:
+                           byte_len: np.ndarray, batch_size: int = 8,
+                           language_names: Sequence[str] = ()) -> dict[str, Any]:
     """Overall and per-language perplexity, bits-per-byte and next-token accuracy."""
     overall, per_lang = Tally(), {}
     for i in range(0, len(sequences), batch_size):
         chunk = sequences[i : i + batch_size]
-        for seq, tally in zip(chunk, score_batch(model, [np.asarray(s.tokens) for s in chunk], pad_id,
-                                                 byte_len), strict=True):
-            overall.add(tally)
-            per_lang.setdefault(seq.lang or "und", Tally()).add(tally)
+        scored = score_batch(model, [np.asarray(s.tokens) for s in chunk], pad_id, byte_len)
+        for seq, cols in zip(chunk, scored, strict=True):
+            overall.add(_tally(cols, cols["scored"]))
+            if isinstance(seq.lang, np.ndarray):
+                lang = np.asarray(seq.lang)[: len(cols["scored"])]
+                if len(lang) != len(cols["scored"]):
+                    raise ValueError(f"evaluate: {len(lang)} target languages for {len(cols['scored'])} targets")
+                for li in np.unique(lang):
+                    if 0 <= li < len(language_names):
+                        per_lang.setdefault(language_names[li], Tally()).add(
+                            _tally(cols, cols["scored"] & (lang == li)))
+            else:
+                per_lang.setdefault(seq.lang or "und", Tally()).add(_tally(cols, cols["scored"]))
     return {"overall": overall.metrics(), "per_language": {k: v.metrics() for k, v in sorted(per_lang.items())}}
 
 
@@ -250,7 +266,7 @@ def task_accuracy(model: torch.nn.Module, tokenizer: Any, examples: Iterable[dic
 def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[EvalSequence], *,
                    batch_size: int = 8, prompts: Sequence[str] = (), max_new_tokens: int = 32,
                    tasks: dict[str, list[dict[str, Any]]] | None = None,
-                   byte_len: np.ndarray | None = None) -> dict[str, Any]:
+                   byte_len: np.ndarray | None = None, language_names: Sequence[str] = ()) -> dict[str, Any]:
     """All metrics of one model on one set of held-out sequences (the gate calls this twice)."""
     if not sequences:
         raise ValueError("evaluate: no held-out sequences to evaluate on")
@@ -262,7 +278,7 @@ def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[E
     vocab = model.get_output_embeddings().weight.shape[0] if hasattr(model, "get_output_embeddings") else None
     if vocab is not None and len(byte_len) < vocab:  # ids the tokenizer never produces spell no bytes
         byte_len = np.concatenate([byte_len, np.zeros(vocab - len(byte_len), dtype=np.int64)])
-    res = language_model_metrics(model, sequences, tokenizer.pad_token_id, byte_len, batch_size)
+    res = language_model_metrics(model, sequences, tokenizer.pad_token_id, byte_len, batch_size, language_names)
     res["lm_seconds"] = round(time.perf_counter() - t0, 3)
     if prompts:
         res.update(generate(model, tokenizer, prompts, max_new_tokens))

@@ -79,12 +79,19 @@ class Trainer:
             backend = "nccl" if want_cuda else "gloo"
             if self.cfg.strategy == "deepspeed":
                 import deepspeed
+                import deepspeed.comm.torch as ds_torch
 
+                if not want_cuda:
+                    # the shm all-reduce op serves inference only and JIT-compiles for ~2.5 min on
+                    # 2 cores on first use; training all-reduces go through torch.distributed
+                    ds_torch.build_shm_op = lambda: None
                 deepspeed.init_distributed(dist_backend=backend)
             else:
                 dist.init_process_group(backend=backend)
         self.dist = dist if dist.is_initialized() else None
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        if want_cuda and self.cfg.strategy != "deepspeed":
+            # CPU kernels used here are deterministic already; the flag makes DeepSpeed ~100x slower
+            torch.use_deterministic_algorithms(True, warn_only=True)
 
     # -- collectives that degrade to no-ops in a single process ------------------------------------
     def _any(self, flag: bool) -> bool:

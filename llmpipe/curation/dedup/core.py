@@ -120,9 +120,8 @@ def resolve_parents(new_idx: np.ndarray, pairs: np.ndarray, sigs: SigStore, thre
 def assign_keepers(new_idx: np.ndarray, parent: np.ndarray, old_keeper: Callable[[int], int]) -> np.ndarray:
     """Keeper of each new exact-unique doc: itself, or its parent's keeper (parents are earlier)."""
     keeper = new_idx.copy()
-    pos_of = {int(j): k for k, j in enumerate(new_idx)}
     for k in np.flatnonzero(parent >= 0):
         p = int(parent[k])
-        kp = pos_of.get(p)
-        keeper[k] = keeper[kp] if kp is not None else old_keeper(p)
+        kp = int(np.searchsorted(new_idx, p))
+        keeper[k] = keeper[kp] if kp < len(new_idx) and new_idx[kp] == p else old_keeper(p)
     return keeper

@@ -154,6 +154,8 @@ class _Ids:
         firsts = [f for f, _ in self.files]
         k = int(np.searchsorted(firsts, idx, side="right")) - 1
         if k not in self.cache:
+            if len(self.cache) >= 8:  # bounded: keepers mostly sit in a few recent shards
+                self.cache.pop(next(iter(self.cache)))
             self.cache[k] = pq.read_table(self.files[k][1], columns=["id"]).column("id").to_pylist()
         return self.cache[k][idx - self.files[k][0]]
 
@@ -275,10 +277,11 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     all_pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
     parent, verified = core.resolve_parents(new_idx, all_pairs, sig_store, cfg.threshold, cfg.verify)
     keeper_u = core.assign_keepers(new_idx, parent, lambda i: int(old_keeper_arr[i]))
-    keeper_of_unique = dict(zip(new_idx.tolist(), keeper_u.tolist(), strict=True))
+    keeper_new = np.arange(n_old_docs, first, dtype=np.int64)  # by (global index - n_old_docs)
+    keeper_new[new_idx - n_old_docs] = keeper_u
 
     def keeper_of(i: int) -> int:
-        return int(old_keeper_arr[i]) if i < n_old_docs else keeper_of_unique[i]
+        return int(old_keeper_arr[i]) if i < n_old_docs else int(keeper_new[i - n_old_docs])
 
     timings["cluster"] = time.perf_counter() - t3
 
@@ -294,7 +297,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
             if tgt >= 0:
                 status[row], keeper[row] = core.EXACT, keeper_of(tgt)
             elif cfg.near:
-                kp = keeper_of_unique[f0 + row]
+                kp = int(keeper_new[f0 + row - n_old_docs])
                 if kp != f0 + row:
                     status[row], keeper[row] = core.NEAR, kp
         row_ids = pq.read_table(ps["dir"] / "ids.parquet").column("id").to_pylist()

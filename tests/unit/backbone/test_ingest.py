@@ -106,3 +106,16 @@ def test_missing_source_is_a_clear_error(workdir: Path) -> None:
 
     with pytest.raises(SourceError, match="sources.gone.path: .* does not exist"):
         _run(workdir, [{"name": "gone", "path": "nope/data.jsonl"}])
+
+
+def test_big_files_split_into_chunks_keep_every_line_once(workdir: Path) -> None:
+    recs: list = [{"text": f"document {i} " + "x" * (i % 50)} for i in range(500)]
+    recs[321] = '{"text": broken'
+    f = write_jsonl(workdir / "big.jsonl", recs)
+    run, art = _run(workdir, [{"name": "s", "path": str(f)}], "ingest.chunk_mb=0.004", "runner.workers=2")
+    assert run.stats["files"] > 5  # several chunks of one file
+    docs = _docs(art)
+    assert len(docs) == 499 and len({d.id for d in docs}) == 499
+    assert sorted(int(d.metadata["loc"]) for d in docs) == [n for n in range(1, 501) if n != 322]
+    q = (art / "quarantine.jsonl").read_text()
+    assert f"{f}:322" in q and run.stats["read"] == 500

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 
 from llmpipe.curation.config import DedupConfig
 from llmpipe.document import Document, write_shard

@@ -10,7 +10,6 @@ import pytest
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup.text import shingles
 from llmpipe.document import Document, iter_documents, read_shard, shard_paths
-
 from tests.unit.dedup.dedup_testlib import planted_pair, publish_input, run_dedup, words
 
 

@@ -1,0 +1,114 @@
+"""Peak memory of in-memory (datasketch MinHashLSH) vs out-of-core (disk band buckets) dedup.
+
+Each (size, backend) runs the real ``dedup`` stage in a fresh subprocess on the same generated
+corpus (10% planted near-duplicates, 2% exact copies) and reports its ``ru_maxrss``; the baseline
+(the same subprocess after imports, before the stage) is printed too, so the growth of the stage
+itself is visible. Both backends must produce the same kept count.
+
+    python benchmarks/dedup_memory.py [--sizes 20000,80000,320000] [--budget-mb 16]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# benchmarks/ holds scripts named like stdlib modules (tokenize.py): keep it off the import path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+SHARD_DOCS = 5000
+
+
+def make_corpus(root: Path, n: int, seed: int = 0) -> Path:
+    """Shards of ~60-word docs; every 10th doc is a near copy of an earlier one, every 50th exact."""
+    from llmpipe.document import Document, write_shard
+
+    rng = random.Random(seed)
+    docs: list[Document] = []
+    texts: list[str] = []
+    shard = 0
+    for i in range(n):
+        if i > 100 and i % 50 == 0:
+            text = texts[rng.randrange(len(texts))]
+        elif i > 100 and i % 10 == 0:
+            w = texts[rng.randrange(len(texts))].split(" ")
+            w[rng.randrange(len(w))] = f"e{i}"
+            text = " ".join(w)
+        else:
+            text = " ".join(f"w{rng.randrange(100_000)}" for _ in range(60))
+        texts.append(text)
+        docs.append(Document(f"d{i}", text, "bench", {}))
+        if len(docs) == SHARD_DOCS:
+            write_shard(root / "shards" / f"part-{shard:05d}.parquet", docs)
+            docs, shard = [], shard + 1
+    if docs:
+        write_shard(root / "shards" / f"part-{shard:05d}.parquet", docs)
+    return root
+
+
+def child(corpus: str, backend: str, budget: float, store: str) -> None:
+    """Run the dedup stage once and print JSON with peak RSS (MiB)."""
+    import llmpipe.curation.dedup.stage  # noqa: F401
+    from llmpipe.curation.config import DedupConfig
+    from llmpipe.curation.dedup.minhash import signatures
+    from llmpipe.stage import STAGES, LocalRunner, StageContext
+    from llmpipe.store import ArtifactStore
+
+    signatures(["warm up the kernel"])
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cfg = DedupConfig(backend=backend, memory_budget_mb=budget, incremental=False)
+    st = ArtifactStore(store)
+    out = Path(store) / "out"
+    out.mkdir()
+    ctx = StageContext(spec=STAGES["dedup"], config=cfg, pipeline=None, key=f"bench-{backend}", out=out,
+                       inputs={"safety": Path(corpus)}, input_keys={"safety": "x"}, store=st, runner=LocalRunner(1))
+    t = time.perf_counter()
+    stats = STAGES["dedup"].fn(ctx)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"base_mb": base, "peak_mb": peak, "seconds": time.perf_counter() - t, "kept": stats["kept"]}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="20000,80000,320000")
+    ap.add_argument("--budget-mb", type=float, default=16)
+    ap.add_argument("--child", nargs=4)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child[0], a.child[1], float(a.child[2]), a.child[3])
+        return
+    sizes = [int(s) for s in a.sizes.split(",")]
+    res: dict[str, list[dict]] = {"memory": [], "external": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            corpus = make_corpus(Path(tmp) / f"c{n}", n)
+            for backend in res:
+                store = Path(tmp) / f"s{n}-{backend}"
+                out = subprocess.run([sys.executable, __file__, "--child", str(corpus), backend, str(a.budget_mb),
+                                      str(store)], capture_output=True, text=True, check=True)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                res[backend].append(r)
+                print(f"n={n:>7} {backend:8s} peak {r['peak_mb']:7.1f} MiB (baseline {r['base_mb']:6.1f}, "
+                      f"stage +{r['peak_mb'] - r['base_mb']:6.1f}) {r['seconds']:6.1f}s kept={r['kept']}", flush=True)
+            assert res["memory"][-1]["kept"] == res["external"][-1]["kept"], "backends disagree"
+    growth = {b: res[b][-1]["peak_mb"] / res[b][0]["peak_mb"] for b in res}
+    stage_growth = {b: (res[b][-1]["peak_mb"] - res[b][-1]["base_mb"]) / max(1e-9, res[b][0]["peak_mb"] - res[b][0]["base_mb"])
+                    for b in res}
+    print(f"peak growth {sizes[0]}->{sizes[-1]} docs: in-memory {growth['memory']:.2f}x, "
+          f"out-of-core {growth['external']:.2f}x (stage-only: {stage_growth['memory']:.2f}x vs "
+          f"{stage_growth['external']:.2f}x); out-of-core peak / in-memory peak at {sizes[-1]}: "
+          f"{res['external'][-1]['peak_mb'] / res['memory'][-1]['peak_mb']:.2f}")
+    print(f"RESULT out_of_core_peak_growth {growth['external']:.2f} goal <= 1.5")
+
+
+if __name__ == "__main__":
+    main()
