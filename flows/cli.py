@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import ConfigError, PipelineConfig, load_config
+from llmpipe.sources import SourceError
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 FLOW_NAMES = ("lifecycle", "data_refresh", "pretrain", "release")
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as e:
         print(f"llmpipe: bad config:\n{e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except SourceError as e:
+        print(f"llmpipe: bad source: {args.__dict__.get('config', '')}: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except ValueError as e:
         if "unknown stage" in str(e) or "no such" in str(e):

@@ -35,12 +35,14 @@ SourceFormat = Literal["auto", "jsonl", "parquet", "text", "text_lines", "hf_dis
 class SourceConfig(Section):
     """One input: a file, a folder or a glob, in one of the supported formats."""
 
-    name: str = Field(min_length=1)
-    path: str = Field(min_length=1, description="file, folder or glob; 'builtin:tiny' for the shipped corpus")
-    format: SourceFormat = "auto"
-    text_field: str = "text"
-    id_field: str | None = None
-    glob: str = "**/*"
+    name: str = Field(min_length=1, description="unique name; part of every document's id and lineage")
+    path: str = Field(min_length=1, description="file, folder or glob (relative to the config's folder); "
+                      "'builtin:tiny' for the shipped corpus")
+    format: SourceFormat = Field("auto", description="auto: by extension (.jsonl[.gz|.zst], .parquet, .txt) "
+                                 "or a `save_to_disk` folder; text: one doc per file; text_lines: one per line")
+    text_field: str = Field("text", description="JSON key / column holding the text")
+    id_field: str | None = Field(None, description="JSON key / column with the record's own id (kept as orig_id)")
+    glob: str = Field("**/*", description="files to take inside a folder")
 
     @field_validator("name")
     @classmethod
@@ -51,10 +53,10 @@ class SourceConfig(Section):
 
 
 class IngestConfig(Section):
-    normalization: Literal["NFC", "NFKC", "none"] = "NFC"
-    strip_control: bool = True
-    min_chars: int = Field(1, ge=0)
-    max_docs_per_shard: int = Field(20000, gt=0)
+    normalization: Literal["NFC", "NFKC", "none"] = Field("NFC", description="Unicode normalization form")
+    strip_control: bool = Field(True, description="remove control characters (keeps newline and tab)")
+    min_chars: int = Field(1, ge=0, description="shorter texts (after stripping) are quarantined as empty")
+    max_docs_per_shard: int = Field(20000, gt=0, description="documents per output Parquet shard")
     chunk_mb: float = Field(32, gt=0, description="uncompressed JSONL files are split into chunks of this size")
     read_batch_lines: int = run_setting(8192, gt=0)
 
@@ -62,18 +64,21 @@ class IngestConfig(Section):
 class RunnerConfig(Section):
     """How shard-level work runs. None of it changes what the stages produce (not in any key)."""
 
-    kind: Literal["local", "dask"] = "local"
-    workers: int = Field(2, gt=0)
-    dask_address: str | None = None
-    dask_workers: int = Field(2, gt=0)
-    dask_threads_per_worker: int = Field(1, gt=0)
+    kind: Literal["local", "dask"] = Field("local", description="shard-level work on a local process pool "
+                                           "or a Dask cluster")
+    workers: int = Field(2, gt=0, description="local processes for shard-level work")
+    dask_address: str | None = Field(None, description="scheduler of an existing Dask cluster "
+                                     "(tcp://host:8786); None starts a LocalCluster")
+    dask_workers: int = Field(2, gt=0, description="workers of the LocalCluster llmpipe starts")
+    dask_threads_per_worker: int = Field(1, gt=0, description="threads per LocalCluster worker")
 
 
 class PipelineConfig(Section):
-    name: str = "llmpipe"
-    store: str = ".llmpipe/store"
-    state_dir: str = ".llmpipe"
-    sources: list[SourceConfig] = Field(default_factory=list)
+    name: str = Field("llmpipe", description="the pipeline's name (run records, model names)")
+    store: str = Field(".llmpipe/store", description="artifact store root: a path or an fsspec URL")
+    state_dir: str = Field(".llmpipe", description="local state: Prefect home, source hash cache, "
+                           "built-in corpus, remote-store cache")
+    sources: list[SourceConfig] = Field(default_factory=list, description="the raw inputs (see sources.*)")
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     langid: LangIdConfig = Field(default_factory=LangIdConfig)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,14 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
         arts[name] = art
     progress_id = create_progress_artifact(progress=0.0, description=f"{stage}: progress")
     last = [0.0]
+    bars: dict[str, Any] = {}
 
     def on_progress(desc: str, done: int, total: int) -> None:
+        if sys.stderr.isatty():  # a terminal gets a progress bar, the UI a progress artifact
+            from tqdm import tqdm
+
+            bar = bars.get(desc) or bars.setdefault(desc, tqdm(total=total, desc=f"{stage}: {desc}", leave=False))
+            bar.update(done - bar.n)
         now = time.monotonic()
         if total and (now - last[0] > 1.0 or done >= total):
             last[0] = now
@@ -79,6 +86,8 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
 
     runner = make_shard_runner(cfg)
     art, ran, seconds = execute(cfg, store, ps, arts, runner=runner, logger=logger, on_progress=on_progress)
+    for bar in bars.values():
+        bar.close()
     update_progress_artifact(progress_id, progress=100.0)
     logger.info("%s: %s in %.2fs -> %s", stage, "computed" if ran else "reused", seconds, art.path)
     return {"stage": stage, "key": key, "path": str(art.path), "ran": ran, "seconds": round(seconds, 3),

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 _WORDS = {
@@ -40,73 +39,69 @@ def corpus(n_docs: int, seed: int = 0, langs: tuple[str, ...] = ("en", "de")) ->
     return docs
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 400) -> Any:
-    """A byte-level BPE wrapped as a ``transformers`` fast tokenizer (eos and a distinct pad)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=PAD)
-
-
-def pack(tokenizer: Any, docs: list[tuple[str, str]], seq_len: int) -> list[tuple[str, np.ndarray]]:
-    """Per-language packed sequences of ``seq_len`` tokens (documents joined by end-of-text; the
-    last partial sequence of each language is right-padded)."""
-    out = []
-    for lang in sorted({lg for lg, _ in docs}):
-        stream: list[int] = []
-        for lg, text in docs:
-            if lg == lang:
-                stream += tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        for i in range(0, len(stream), seq_len):
-            chunk = stream[i : i + seq_len]
-            if len(chunk) > 1:
-                chunk = chunk + [tokenizer.pad_token_id] * (seq_len - len(chunk))
-                out.append((lang, np.asarray(chunk, dtype=np.int64)))
-    return out
-
-
 @dataclass
-class ToyModel:
-    path: Path  # save_pretrained directory with the tokenizer in it
-    train: list[tuple[str, np.ndarray]]
-    val: list[tuple[str, np.ndarray]]
+class ToyArtifacts:
+    """Real upstream artifacts (made by the real tokenizer and tokenize stages) plus a trained model."""
+
+    store: Path
+    augment: Path
+    tokenizer: Path
+    tokenize: Path
+    pretrain: Path  # save_pretrained directory with the tokenizer in it, like the pretrain stage's export
     final_loss: float
 
 
-def build(out_dir: str | Path, *, hidden: int = 64, intermediate: int = 176, layers: int = 2, steps: int = 150,
-          seq_len: int = 64, n_docs: int = 600, seed: int = 0, lr: float = 3e-3) -> ToyModel:
-    """Train a tiny Llama for ``steps`` AdamW steps and save it (model + tokenizer) to ``out_dir``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _context(name: str, config: Any, inputs: dict[str, Path], out: Path, store: Any) -> Any:
+    from llmpipe.stage import STAGES, LocalRunner, StageContext
 
-    out_dir = Path(out_dir)
-    docs = corpus(n_docs, seed)
-    n_val = max(2, n_docs // 10)
-    tok = train_tokenizer([t for _, t in docs[n_val:]])
-    train, val = pack(tok, docs[n_val:], seq_len), pack(tok, docs[:n_val], seq_len)
+    out.mkdir(parents=True, exist_ok=True)
+    return StageContext(spec=STAGES[name], config=config, pipeline=None, key=f"toy-{name}", out=out,
+                        inputs=inputs, input_keys={k: f"toy-{k}" for k in inputs}, store=store,
+                        runner=LocalRunner(1))
+
+
+def build(root: str | Path, *, hidden: int = 64, intermediate: int = 176, layers: int = 2, steps: int = 120,
+          seq_len: int = 64, n_docs: int = 600, vocab_size: int = 400, seed: int = 0, lr: float = 3e-3,
+          batch: int = 16) -> ToyArtifacts:
+    """Curated shards -> tokenizer stage -> tokenize stage -> a tiny Llama trained ``steps`` AdamW steps."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from llmpipe.document import Document, write_shard
+    from llmpipe.store import ArtifactStore
+    from llmpipe.tokenization.config import TokenizeConfig, TokenizerConfig
+    from llmpipe.tokenization.dataset import PackedDataset
+    from llmpipe.tokenization.pack import run_tokenize
+    from llmpipe.tokenization.tokenizer import run_tokenizer
+
+    root = Path(root)
+    store = ArtifactStore(root / "store")
+    docs = [Document(f"d{i}", text, "toy", {"lang": lang}) for i, (lang, text) in enumerate(corpus(n_docs, seed))]
+    aug, tok_dir, tz, pre = root / "augment", root / "tokenizer", root / "tokenize", root / "pretrain"
+    for k in range(2):
+        write_shard(aug / "shards" / f"part-{k:03d}.parquet", docs[k::2])
+    run_tokenizer(_context("tokenizer", TokenizerConfig(vocab_size=vocab_size), {"augment": aug}, tok_dir, store))
+    run_tokenize(_context("tokenize", TokenizeConfig(seq_len=seq_len, val_fraction=0.1, sequences_per_shard=64),
+                          {"augment": aug, "tokenizer": tok_dir}, tz, store))
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    train = PackedDataset(tz, "train")
+    data = torch.stack([train[i] for i in range(len(train))])
     torch.manual_seed(seed)
     conf = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                       max_position_embeddings=max(128, seq_len), tie_word_embeddings=False,
+                       max_position_embeddings=max(128, seq_len + 1), tie_word_embeddings=False,
                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                        pad_token_id=tok.pad_token_id)
     model = LlamaForCausalLM(conf)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    data = torch.as_tensor(np.stack([s for _, s in train]))
     gen = torch.Generator().manual_seed(seed)
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        x = data[torch.randint(0, len(data), (16,), generator=gen)]
+        x = data[torch.randint(0, len(data), (batch,), generator=gen)]
         labels = x.masked_fill(x == tok.pad_token_id, -100)
         loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    return ToyModel(out_dir, train, val, float(loss))
+    model.save_pretrained(pre)
+    tok.save_pretrained(pre)
+    return ToyArtifacts(root / "store", aug, tok_dir, tz, pre, float(loss.detach()))
