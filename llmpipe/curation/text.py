@@ -31,8 +31,10 @@ _WORD_RE = regex.compile(
 )
 _CJK_RE = regex.compile(rf"[{_CJK_CLASS}]")
 # A sentence ends at terminal punctuation followed by space/end; CJK full-width terminals end one anywhere.
+# An ellipsis ("...") does not end a sentence; "end.Next" (lower, stop, upper) does, as spaCy splits it.
 _SENT_END_RE = regex.compile(
-    r"[\p{Sentence_Terminal}]+[\"'”’»)\]」』）]*(?=\s|$)|[。！？｡]+[」』”）]*")
+    r"(?<!\.)(?!\.\.)[\p{Sentence_Terminal}]+[\"'”’»)\]」』）]*(?=\s|$)|[。！？｡]+[」』”）]*"
+    r"|(?<=\p{Ll})[.!?](?=\p{Lu})")
 
 
 def _build_terminal() -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,26 @@ def load_tokenizer(ckpt: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(ckpt))
 
 
+def is_compressed_tensors(ckpt: Path) -> bool:
+    conf = json.loads((Path(ckpt) / "config.json").read_text())
+    return (conf.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
+
+
 def load_model(ckpt: Path, device: torch.device) -> Any:
-    """A causal LM in eval mode on ``device``; compressed-tensors checkpoints are decompressed by
-    transformers on load."""
+    """A causal LM in eval mode on ``device``.
+
+    A compressed-tensors (AWQ) checkpoint is dequantized at load time (``dequantize=True``): without
+    it transformers keeps ``weight_packed`` and decompresses on the first forward, so the Linear
+    layers have no ``weight`` to inspect before that. The values are the 4-bit grid either way.
+    """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto")
+    kw: dict[str, Any] = {}
+    if is_compressed_tensors(ckpt):
+        from transformers import CompressedTensorsConfig
+
+        kw["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto", **kw)
     if device.type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
         model = model.float()  # half-precision matmuls on CPU are slow and some kernels are missing
     return model.to(device).eval()

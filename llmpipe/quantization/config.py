@@ -2,8 +2,54 @@
 
 from __future__ import annotations
 
-from llmpipe.config_base import Section
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from llmpipe.config_base import Section, run_setting
+
+
+class CalibrationConfig(Section):
+    """The calibration sample: packed sequences of our own curated data, never a downloaded set."""
+
+    split: str = Field("train", description="split of the tokenize artifact to sample from")
+    samples: int = Field(64, gt=0, description="sequences in the sample (evenly spaced over the split)")
+    seq_len: int | None = Field(None, gt=1, description="cut each sequence to this many tokens (None: as packed)")
+
+
+class GateConfig(Section):
+    """The quantized model may not be worse than the fp model by more than these margins."""
+
+    enabled: bool = True
+    max_ppl_increase: float = Field(0.02, description="largest allowed relative perplexity rise (0.02 = 2%)")
+    max_accuracy_drop: float = Field(1.0, description="largest allowed task-accuracy fall, in percentage points")
+    verify_bits: bool = Field(True, description="decompress the checkpoint and count values per group")
+
+    @field_validator("max_ppl_increase", "max_accuracy_drop")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if not v >= 0:
+            raise ValueError(f"must be >= 0, got {v}")
+        return v
 
 
 class QuantizeConfig(Section):
-    pass
+    """AWQ 4-bit weight-only (compressed-tensors checkpoint) or dynamic int8 for CPU serving."""
+
+    scheme: Literal["awq_w4", "int8_dynamic"] = "awq_w4"
+    group_size: int = Field(128, gt=0, description="weights per quantization group; lowered to divide every "
+                                                  "quantized layer's input width when it does not")
+    symmetric: bool = Field(False, description="False: asymmetric (zero point per group), as AutoAWQ")
+    duo_scaling: bool | Literal["both"] = Field(True, description="AWQ scale search uses weights too")
+    n_grid: int = Field(20, gt=0, description="AWQ grid points per scale search")
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description="Linear layers kept in full precision")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    device: Literal["auto", "cpu", "cuda"] = run_setting("auto", description="where the quantized model is evaluated")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"must be a power of two, got {v}")
+        return v

@@ -59,6 +59,19 @@ def batch_histogram(stats: dict[str, Any], model: str) -> dict[int, int]:
     return {}
 
 
+def _settled_histogram(c: TextClient, model: str, before: dict[int, int], done: int,
+                       wait_s: float = 5.0) -> dict[int, int]:
+    """This run's batch histogram. The server records a batch's statistics just after answering it,
+    so the last batch can be missing for a moment: poll until every answered request is counted."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        after = batch_histogram(c.statistics(), model)
+        hist = {b: n - before.get(b, 0) for b, n in sorted(after.items()) if n - before.get(b, 0) > 0}
+        if sum(b * n for b, n in hist.items()) >= done or time.monotonic() > deadline:
+            return hist
+        time.sleep(0.05)
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
@@ -103,8 +116,7 @@ def load_test(url: str, model: str, *, protocol: Protocol = "grpc", clients: int
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        after = batch_histogram(c.statistics(), model)
-    hist = {b: n - before.get(b, 0) for b, n in sorted(after.items()) if n - before.get(b, 0) > 0}
+        hist = _settled_histogram(c, model, before, len(lat))
     execs = sum(hist.values())
     result = {
         "protocol": protocol, "clients": clients, "requests": len(lat), "errors": len(errors),

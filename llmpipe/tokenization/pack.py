@@ -107,13 +107,13 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
     langs: dict[str, int] = {}
     sources: dict[str, int] = {}
     dropped: dict[str, int] = defaultdict(int)
-    pieces: list[np.ndarray] = []
+    flat: list[int] = []  # every kept id of the shard, in order (one numpy conversion at the end)
     segs: list[tuple[int, ...]] = []
-    offset, n_docs, truncated, split_docs = 0, 0, 0, 0
+    counts = {"docs": 0, "truncated": 0, "split_docs": 0}
     batch: list[Any] = []
+    head = [bos] if cfg.add_bos else []
 
     def flush() -> None:
-        nonlocal offset, truncated, split_docs
         encs = tok.encode_batch_fast([d.text for d in batch], add_special_tokens=False)
         for d, e in zip(batch, encs, strict=True):
             split = assign_split(d.id, d.metadata.get("parent_id"), cfg)
@@ -131,37 +131,36 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
                     end_char = tok.encode(d.text, add_special_tokens=False).offsets[cfg.max_tokens - 1][1]
                     n_bytes = len(d.text[:end_char].encode("utf-8"))
                     chunks = [ids[: cfg.max_tokens]]
-                    truncated += 1
+                    counts["truncated"] += 1
                 else:
                     chunks = [ids[i : i + cfg.max_tokens] for i in range(0, len(ids), cfg.max_tokens)]
-                    split_docs += 1
+                    counts["split_docs"] += 1
             li = langs.setdefault(str(d.metadata.get("lang") or "und"), len(langs))
             si = sources.setdefault(d.source, len(sources))
             oh = order_hash(d.id)
             for ci, chunk in enumerate(chunks):
-                seq = ([bos] if cfg.add_bos else []) + chunk + [eos]
-                arr = np.asarray(seq, dtype=dtype)
-                pieces.append(arr)
+                start = len(flat)
+                flat.extend(head)
+                flat.extend(chunk)
+                flat.append(eos)
                 # bytes are attributed to the first piece (bits-per-byte sums over the split)
-                segs.append((offset, len(arr), li, si, split, n_bytes if ci == 0 else 0, oh + ci))
-                offset += len(arr)
+                segs.append((start, len(flat) - start, li, si, split, n_bytes if ci == 0 else 0, oh + ci))
         batch.clear()
 
     for d in iter_documents(path):
-        n_docs += 1
+        counts["docs"] += 1
         batch.append(d)
         if len(batch) >= cfg.batch_size:
             flush()
     if batch:
         flush()
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
+    tokens = np.asarray(flat, dtype=dtype)
     tokens.tofile(out_dir / "tokens.bin")
     np.save(out_dir / "segments.npy", np.asarray(segs, dtype=np.int64).reshape(-1, SEG_COLS))
     info = {"languages": list(langs), "sources": list(sources), "dtype": dtype.name}
     (out_dir / "shard.json").write_text(json.dumps(info, sort_keys=True))
-    kept = n_docs - sum(dropped.values())
-    return {"docs": n_docs, "kept": kept, "dropped": dict(dropped), "truncated": truncated,
-            "split_docs": split_docs, "tokens": int(tokens.size)}
+    kept = counts["docs"] - sum(dropped.values())
+    return {**counts, "kept": kept, "dropped": dict(dropped), "tokens": int(tokens.size)}
 
 
 # -- pass 2: mixing ---------------------------------------------------------------------------------

@@ -62,14 +62,14 @@ def open_packed(artifact_dir: str | Path, split: str = "train") -> PackedSource:
 
 def write_npy_fixture(out_dir: str | Path, n: int, seq_len: int, vocab_size: int, seed: int = 0,
                       shards: int = 2, split: str = "train") -> Path:
-    """A packed dataset of learnable token sequences (tests, benchmarks): repeated short patterns."""
+    """A packed dataset of learnable token sequences (tests, benchmarks): short repeated patterns."""
     rng = np.random.default_rng(seed)
     root = Path(out_dir) / split
     root.mkdir(parents=True, exist_ok=True)
     rows = []
     for _ in range(n):
         period = int(rng.integers(2, 6))
-        pat = rng.integers(0, vocab_size, size=period)
+        pat = rng.integers(0, min(vocab_size, 24), size=period)  # a small alphabet: quick to learn
         rows.append(np.resize(pat, seq_len))
     data = np.stack(rows).astype(np.int32)
     for k, part in enumerate(np.array_split(data, shards)):

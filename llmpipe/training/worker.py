@@ -65,6 +65,8 @@ class Trainer:
         self.cfg = TrainConfig.model_validate(spec["train"])
         self.run_dir = Path(spec["run_dir"])
         self.ckpt_root = Path(spec["checkpoint_dir"])
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_root.mkdir(parents=True, exist_ok=True)
         self.rank = int(os.environ.get("RANK", 0))
         self.world = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -79,8 +81,9 @@ class Trainer:
             backend = "nccl" if want_cuda else "gloo"
             if self.cfg.strategy == "deepspeed":
                 import deepspeed
-                import deepspeed.comm.torch as ds_torch
+                import deepspeed.comm.torch  # noqa: F401 - ``deepspeed.comm.torch`` resolves to torch itself
 
+                ds_torch = sys.modules["deepspeed.comm.torch"]
                 if not want_cuda:
                     # the shm all-reduce op serves inference only and JIT-compiles for ~2.5 min on
                     # 2 cores on first use; training all-reduces go through torch.distributed

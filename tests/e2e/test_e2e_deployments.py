@@ -104,6 +104,34 @@ def test_a_cli_run_of_nightly_refresh_completes(prefect_stack, deployed: list[st
         assert store.get(stage, key) is not None, f"{stage} artifact {key[:12]} missing from the store"
 
 
+def _run_ids(prefect_stack, deployment_id: Any, now_only: bool = False) -> set[str]:
+    """Flow runs of a deployment; ``now_only`` drops the nightly schedule's future runs."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    soon = datetime.now(timezone.utc) + timedelta(minutes=10)
+    with ops.prefect_api(prefect_stack.state_dir, prefect_stack.api_url), get_client(sync_client=True) as c:
+        runs = c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    return {str(r.id) for r in runs
+            if not now_only or r.expected_start_time is None or r.expected_start_time < soon}
+
+
+def _new_run(prefect_stack, deployment_id: Any, before: set[str], timeout: float = 30) -> str:
+    """The one flow run the UI click created (a double click would show as two)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = _run_ids(prefect_stack, deployment_id, now_only=True) - before
+        if new:
+            time.sleep(2)  # let a duplicate show up if the click fired twice
+            new = _run_ids(prefect_stack, deployment_id, now_only=True) - before
+            assert len(new) == 1, f"Quick run created {len(new)} runs: {new}"
+            return new.pop()
+        time.sleep(0.5)
+    raise AssertionError(f"no flow run appeared within {timeout:.0f}s of clicking Quick run")
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (scripts/install.sh installs it)")
 def test_b_ui_quick_run_completes_all_cached(prefect_stack, deployed: list[str], tiny_config: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -116,15 +144,14 @@ def test_b_ui_quick_run_completes_all_cached(prefect_stack, deployed: list[str],
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(60_000)
             page.goto(f"{prefect_stack.ui_url}/deployments/deployment/{dep.id}")
+            before = _run_ids(prefect_stack, dep.id)
             page.get_by_role("button", name="Run", exact=True).click()
             page.get_by_text("Quick run", exact=True).click()
-            page.get_by_role("button", name="View run").click()
-            page.wait_for_url(re.compile(r".*/runs/flow-run/[0-9a-f-]{36}.*"))
-            run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", page.url).group(1)
+            run_id = _new_run(prefect_stack, dep.id, before)
             t0 = time.monotonic()
             run = prefect_stack.wait(run_id, timeout=600)
             seconds = time.monotonic() - t0
-            page.reload()
+            page.goto(f"{prefect_stack.ui_url}/runs/flow-run/{run_id}")
             page.get_by_text("Completed").first.wait_for()
             page.screenshot(path=str(shot), full_page=True)
         finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -30,15 +31,22 @@ REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
 
 @dataclass
 class Segment:
-    """One shard's slice of the global order and where its signatures live."""
+    """One shard's slice of the global order and the ``.npy`` file holding its signatures."""
 
     first: int
     n: int
-    sigs: np.ndarray  # (n, num_perm) uint32, usually a read-only memmap
+    path: Path  # (n, num_perm) uint32
+
+    def open(self) -> np.ndarray:
+        return np.load(self.path, mmap_mode="r")
 
 
 class SigStore:
-    """Signatures by global document index across segments (memmaps: pages load on demand)."""
+    """Signatures by global document index across segments.
+
+    Each gather maps the file, copies the rows it needs and drops the mapping, so the pages it
+    touched leave the resident set: memory stays bounded by the batch, not by the corpus.
+    """
 
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = sorted(segments, key=lambda s: s.first)
@@ -50,12 +58,14 @@ class SigStore:
 
     def gather(self, idx: np.ndarray) -> np.ndarray:
         which = np.searchsorted(self.firsts, idx, side="right") - 1
-        num_perm = self.segments[0].sigs.shape[1]
+        num_perm = self.segments[0].open().shape[1]
         out = np.empty((len(idx), num_perm), dtype=np.uint32)
         for w in np.unique(which):
             sel = np.flatnonzero(which == w)
             seg = self.segments[int(w)]
-            out[sel] = seg.sigs[idx[sel] - seg.first]
+            mm = seg.open()
+            out[sel] = mm[idx[sel] - seg.first]
+            del mm
         return out
 
 

@@ -212,8 +212,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
                     f"index/bands/{stem}/keys.npy", f"index/bands/{stem}/docs.npy"):
             if (prev[0] / rel).is_file():
                 link_file(prev[0] / rel, ctx.out / rel)
-        sig = np.load(index_dir / "shards" / stem / "sig.npy", mmap_mode="r")
-        sig_store.add(core.Segment(first, ps["n"], sig))
+        sig_store.add(core.Segment(first, ps["n"], index_dir / "shards" / stem / "sig.npy"))
         ids.add(first, index_dir / "shards" / stem / "docs.parquet")
         t = pq.read_table(index_dir / "shards" / stem / "docs.parquet", columns=["exact_hash", "status", "keeper"])
         st = t.column("status").to_numpy()
@@ -246,7 +245,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         for k, seg in enumerate(sig_store.segments):
             stem = Path(shards[k]["name"]).stem
             uniq = np.flatnonzero(exact_index_mask(index_dir / "shards" / stem / "docs.parquet"))
-            _insert(index, index_dir / "bands" / stem, seg.first + uniq, np.asarray(seg.sigs)[uniq], query=False)
+            _insert(index, index_dir / "bands" / stem, seg.first + uniq, np.load(seg.path)[uniq], query=False)
     per_shard: list[dict[str, Any]] = []
     new_unique: list[np.ndarray] = []
     pairs: list[np.ndarray] = []
@@ -255,12 +254,11 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         hashes = np.load(d / "exact.npy")
         n = len(hashes)
         target = exact_index.lookup_and_add(first, hashes) if cfg.exact else np.full(n, -1, np.int64)
-        sig = np.load(d / "sig.npy", mmap_mode="r")
-        sig_store.add(core.Segment(first, n, sig))
+        sig_store.add(core.Segment(first, n, d / "sig.npy"))
         ids.add(first, d / "ids.parquet")
         uniq = np.flatnonzero(target < 0)
         if cfg.near and len(uniq):
-            got = _insert(index, index_dir / "bands" / stem, first + uniq, np.asarray(sig[uniq]), query=True)
+            got = _insert(index, index_dir / "bands" / stem, first + uniq, np.load(d / "sig.npy")[uniq], query=True)
             if got is not None and len(got):
                 pairs.append(got)
         new_unique.append(first + uniq)

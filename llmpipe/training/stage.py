@@ -1,0 +1,152 @@
+"""The ``pretrain`` stage: check the plan, launch the workers, publish the exported model.
+
+The artifact is a ``save_pretrained`` folder (``config.json`` + ``model.safetensors``) with the
+tokenizer files copied in, so ``AutoModelForCausalLM.from_pretrained(artifact)`` and
+``AutoTokenizer.from_pretrained(artifact)`` both work, plus ``metrics.jsonl`` and ``loss_curve.png``.
+Checkpoints live outside the artifact (``<store>/pretrain/_runs/<key>``) so a killed run resumes
+from them on the next attempt with the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.training.config import STRATEGIES, TrainConfig
+from llmpipe.training.launch import TrainingError, launch
+from llmpipe.training.model import max_positions
+
+SKIP_TOKENIZER_FILES = {"manifest.json"}
+
+
+def vocab_size_of(tokenizer_dir: Path) -> int:
+    """The vocabulary size of the tokenizer artifact (``tokenizer.json``, else ``meta.json``)."""
+    tj = tokenizer_dir / "tokenizer.json"
+    if tj.exists():
+        from tokenizers import Tokenizer
+
+        return int(Tokenizer.from_file(str(tj)).get_vocab_size())
+    for name in ("meta.json", "tokenizer_meta.json"):
+        meta = tokenizer_dir / name
+        if meta.exists() and "vocab_size" in json.loads(meta.read_text()):
+            return int(json.loads(meta.read_text())["vocab_size"])
+    raise TrainingError(f"train: tokenizer artifact {tokenizer_dir} has no tokenizer.json to read the vocab size")
+
+
+def resolve_deepspeed(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
+    """A relative ``train.deepspeed`` path is read against the config file's folder, then the cwd."""
+    if isinstance(cfg.deepspeed, str) and not Path(cfg.deepspeed).is_absolute():
+        for root in (base_dir, Path.cwd()):
+            if (root / cfg.deepspeed).is_file():
+                return cfg.model_copy(update={"deepspeed": str((root / cfg.deepspeed).resolve())})
+    return cfg
+
+
+def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
+    """Everything that can be checked before a worker starts; errors name the ``train.*`` key."""
+    from llmpipe.training.data import open_packed
+
+    if cfg.strategy not in STRATEGIES:
+        raise TrainingError(f"train.strategy: unknown strategy {cfg.strategy!r}; choose one of {STRATEGIES}")
+    world = cfg.world_size
+    if cfg.global_batch_size % (cfg.micro_batch_size * world):
+        raise TrainingError(
+            f"train.global_batch_size: must be divisible by micro_batch_size x world size "
+            f"({cfg.micro_batch_size} x {world} = {cfg.micro_batch_size * world}), got {cfg.global_batch_size}")
+    try:
+        source = open_packed(data_dir, cfg.split)
+    except FileNotFoundError as e:
+        raise TrainingError(f"train.split: missing shards: {e}") from None
+    if len(source) == 0:
+        raise TrainingError(f"train.split: the packed split {cfg.split!r} under {data_dir} is empty")
+    seq_len = cfg.seq_len or int(source.seq_len)
+    if seq_len > source.seq_len:
+        raise TrainingError(f"train.seq_len: {seq_len} is longer than the packed sequences ({source.seq_len})")
+    if not cfg.model.init_from:
+        limit = max_positions(cfg.model.preset, cfg.model.overrides)
+        if seq_len > limit:
+            raise TrainingError(f"train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
+    if cfg.precision == "fp16" and not _will_use_cuda(cfg):
+        raise TrainingError("train.precision: fp16 with loss scaling needs a GPU; use bf16 or fp32 on CPU")
+    if cfg.strategy == "deepspeed" and isinstance(cfg.deepspeed, str) and not Path(cfg.deepspeed).is_file():
+        raise TrainingError(f"train.deepspeed: no such DeepSpeed config file: {cfg.deepspeed}")
+    if _will_use_cuda(cfg):
+        import torch
+
+        if cfg.nproc_per_node > torch.cuda.device_count():
+            raise TrainingError(f"train.nproc_per_node: {cfg.nproc_per_node} processes but only "
+                                f"{torch.cuda.device_count()} GPUs on this node")
+    return {"seq_len": seq_len, "sequences": len(source), "world_size": world,
+            "accumulation": cfg.global_batch_size // (cfg.micro_batch_size * world), "vocab_size": vocab_size}
+
+
+def _will_use_cuda(cfg: TrainConfig) -> bool:
+    if cfg.device != "auto":
+        return cfg.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_dir_for(ctx: StageContext) -> Path:
+    if ctx.config.checkpoint_dir:
+        return Path(ctx.config.checkpoint_dir)
+    return Path(ctx.store.shard_cache_root("pretrain")).parent / "_runs" / ctx.key[:32]
+
+
+def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
+    """The loss curve (matplotlib Agg, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics if m.get("loss") is not None]
+    losses = [m["loss"] for m in metrics if m.get("loss") is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(steps, losses, marker="." if len(steps) < 50 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+
+
+@stage("pretrain", version="1", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain")
+def run_pretrain(ctx: StageContext) -> dict[str, Any]:
+    """Pretrain a Llama-style model with torchrun/DeepSpeed workers and export it with its tokenizer."""
+    cfg: TrainConfig = resolve_deepspeed(ctx.config, ctx.pipeline.base_dir())
+    data_dir, tok_dir = Path(ctx.inputs["tokenize"]), Path(ctx.inputs["tokenizer"])
+    vocab = vocab_size_of(tok_dir)
+    p = plan(cfg, data_dir, vocab)
+    run_dir = run_dir_for(ctx)
+    spec = {"train": cfg.model_dump(mode="json"), "data_dir": str(data_dir), "seq_len": p["seq_len"],
+            "vocab_size": vocab, "checkpoint_dir": str(run_dir / "checkpoints"),
+            "export_dir": str(run_dir / "export"), "base_dir": str(ctx.pipeline.base_dir())}
+    ctx.log.info("pretrain: %s on %d x %d processes, %d sequences of %d tokens, accumulation %d",
+                 cfg.strategy, cfg.nodes, cfg.nproc_per_node, p["sequences"], p["seq_len"], p["accumulation"])
+    res = launch(cfg, spec, run_dir, on_log=ctx.log.info, rdzv_id=ctx.key[:16],
+                 on_metric=lambda r: ctx.progress("pretrain steps", int(r["step"]), cfg.max_steps))
+    export = run_dir / "export"
+    for f in sorted(export.iterdir()):
+        link_file(f, ctx.out / f.name)
+    for f in sorted(tok_dir.iterdir()):
+        if f.is_file() and f.name not in SKIP_TOKENIZER_FILES and not (ctx.out / f.name).exists():
+            shutil.copy2(f, ctx.out / f.name)
+    metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    (ctx.out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    plot_loss(metrics, ctx.out / "loss_curve.png")
+    ctx.report_image("pretrain-loss", "Pretraining loss", ctx.out / "loss_curve.png")
+    last = metrics[-1]
+    steady = metrics[len(metrics) // 2:] or metrics
+    stats = {**p, **res.summary, "final_loss": last["loss"], "first_loss": metrics[0]["loss"],
+             "tokens": last["tokens"], "seconds": round(res.seconds, 2),
+             "tokens_per_s": sum(m["tokens_per_s"] for m in steady) / len(steady),
+             "flops_per_s": sum(m["flops_per_s"] for m in steady) / len(steady),
+             "mfu": last.get("mfu"), "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics)}
+    ctx.report_table("pretrain-summary", "Pretraining summary", [{"metric": k, "value": v} for k, v in stats.items()])
+    return stats

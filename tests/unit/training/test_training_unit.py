@@ -1,0 +1,147 @@
+"""Training library pieces that run in one process: config checks, schedule, data order, commands, guards."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmpipe.config import ConfigError, load_config
+from llmpipe.training.config import TrainConfig
+from llmpipe.training.data import GlobalOrder, open_packed
+from llmpipe.training.engines import deepspeed_config
+from llmpipe.training.launch import TrainingError, build_command
+from llmpipe.training.stage import plan
+from llmpipe.training.worker import Trainer, lr_at
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_unknown_strategy_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"train\.strategy"):
+        load_config(data={"train": {"strategy": "megatron"}})
+
+
+def test_micro_batch_must_divide_global_batch() -> None:
+    with pytest.raises(ConfigError, match=r"train: .*global_batch_size \(10\).*micro_batch_size \(4\)"):
+        load_config(data={"train": {"global_batch_size": 10, "micro_batch_size": 4}})
+
+
+def test_plan_rejects_world_size_mismatch(packed: Path, tiny_train) -> None:
+    cfg = TrainConfig(**tiny_train(global_batch_size=6, micro_batch_size=2, nproc_per_node=2))
+    with pytest.raises(TrainingError, match=r"^train\.global_batch_size: .*\(2 x 2 = 4\), got 6"):
+        plan(cfg, packed, 128)
+
+
+def test_plan_rejects_long_sequences_and_missing_shards(packed: Path, tmp_path: Path, tiny_train) -> None:
+    with pytest.raises(TrainingError, match=r"^train\.seq_len: 64 is longer than the packed sequences \(32\)"):
+        plan(TrainConfig(**tiny_train(seq_len=64)), packed, 128)
+    small = TrainConfig(**tiny_train(model={"overrides": {"max_position_embeddings": 16}}))
+    with pytest.raises(TrainingError, match=r"^train\.seq_len: 32 exceeds the model's max_position_embeddings"):
+        plan(small, packed, 128)
+    with pytest.raises(TrainingError, match=r"^train\.split: missing shards"):
+        plan(TrainConfig(**tiny_train()), tmp_path, 128)
+    with pytest.raises(TrainingError, match=r"^train\.precision"):
+        plan(TrainConfig(**tiny_train(precision="fp16", device="cpu")), packed, 128)
+    ok = plan(TrainConfig(**tiny_train()), packed, 128)
+    assert ok["accumulation"] == 2 and ok["seq_len"] == 32 and ok["sequences"] == 64
+
+
+def test_schedule_warmup_cosine_and_restarts() -> None:
+    cfg = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4, max_steps=104)
+    assert [lr_at(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, cfg) == pytest.approx(1.0)
+    assert lr_at(54, cfg) == pytest.approx(0.55)
+    assert lr_at(104, cfg) == pytest.approx(0.1)
+    lrs = [lr_at(s, cfg) for s in range(4, 104)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+    r = cfg.model_copy(update={"schedule": "cosine_restarts", "restart_period": 10})
+    assert lr_at(4, r) == pytest.approx(1.0) and lr_at(14, r) == pytest.approx(1.0)
+    assert lr_at(13, r) < 0.2
+
+
+def test_global_order_is_independent_of_world_size() -> None:
+    """The same global batch per step on 1x4, 2x2 and 4x1 processes; every sequence once per epoch."""
+    def step_set(world: int, step: int) -> list[int]:
+        o = GlobalOrder(40, seed=7, global_batch=8, micro_batch=2, world=world)
+        return sorted(i for a in range(o.accum) for r in range(world) for i in o.indices(step, a, r))
+
+    for step in (0, 3, 7):
+        assert step_set(1, step) == step_set(2, step) == step_set(4, step)
+    epoch = [i for s in range(5) for i in step_set(2, s)]
+    assert sorted(epoch) == list(range(40))
+    assert step_set(2, 5) != step_set(2, 0)  # the next epoch is reshuffled
+    with pytest.raises(ValueError, match="not divisible"):
+        GlobalOrder(40, 0, 6, 2, 2)
+
+
+def test_packed_reader(packed: Path) -> None:
+    src = open_packed(packed, "train")
+    assert len(src) == 64 and src.seq_len == 32
+    assert len(src[63]) == 32
+
+
+def test_commands_single_multi_node_and_deepspeed(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    single = build_command(TrainConfig(nproc_per_node=3, master_port=29511), spec, tmp_path, python="py")
+    assert single[:3] == ["py", "-m", "torch.distributed.run"]
+    assert ["--nproc_per_node", "3"] == single[3:5] and "127.0.0.1:29511" in single
+    assert single[-4:] == ["llmpipe.training.worker", "--config", str(spec)][-3:] or single[-3:]
+    multi = build_command(TrainConfig(nodes=2, node_rank=1, nproc_per_node=8, rdzv_endpoint="node0:29400",
+                                      rdzv_id="job7"), spec, tmp_path, python="py")
+    joined = " ".join(multi)
+    assert "--nnodes 2 --node_rank 1" in joined and "--rdzv_endpoint node0:29400" in joined
+    assert "--rdzv_id job7" in joined and "--rdzv_backend c10d" in joined
+    ds = build_command(TrainConfig(strategy="deepspeed", launcher="deepspeed", nodes=2, hostfile="hosts"),
+                       spec, tmp_path, python="py")
+    assert ds[:3] == ["py", "-m", "deepspeed.launcher.runner"]
+    assert "--hostfile hosts --num_nodes 2" in " ".join(ds) and ds[-2:] == ["--config", str(spec)]
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        TrainConfig(nodes=2)
+
+
+def test_deepspeed_config_from_file_fills_batch_and_optimizer() -> None:
+    cfg = TrainConfig(strategy="deepspeed", deepspeed=str(REPO / "configs/deepspeed/zero2_offload.json"),
+                      global_batch_size=16, micro_batch_size=2, lr=1e-3, grad_clip=0.5)
+    ds = deepspeed_config(cfg, world=2)
+    assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 4
+    assert ds["zero_optimization"]["stage"] == 2
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["optimizer"]["params"]["lr"] == 1e-3 and ds["gradient_clipping"] == 0.5
+    z3 = deepspeed_config(TrainConfig(strategy="deepspeed", deepspeed={"zero_optimization": {"stage": 3}}), 1)
+    assert z3["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    for f in sorted((REPO / "configs/deepspeed").glob("*.json")):
+        assert "stage" in json.loads(f.read_text())["zero_optimization"], f.name
+
+
+def _single(tmp_path: Path, packed: Path, worker_spec, cfg: TrainConfig, **extra) -> Trainer:
+    assert "RANK" not in os.environ
+    return Trainer(worker_spec(cfg, packed, tmp_path, **extra))
+
+
+def test_single_process_trains_and_guards_nan(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    """In-process (world 1): loss falls; an injected NaN step is skipped and counted, weights untouched."""
+    torch.set_num_threads(1)
+    cfg = TrainConfig(**tiny_train(max_steps=8, nproc_per_node=1, checkpoint_every=0))
+    tr = _single(tmp_path / "a", packed, worker_spec, cfg, inject_nan_steps=[4])
+    summary = tr.run()
+    recs = [json.loads(x) for x in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 9))
+    assert summary["nonfinite_steps"] == 1 and recs[4]["skipped"] and math.isnan(recs[4]["loss"])
+    good = [r["loss"] for r in recs if not r["skipped"]]
+    assert all(math.isfinite(x) for x in good) and good[-1] < good[0] - 0.3
+    assert all(r["tokens_per_s"] > 0 and r["flops_per_s"] > 0 and r["peak_mem_mb"] > 0 for r in recs)
+    assert (tmp_path / "a/export/model.safetensors").exists()
+
+
+def test_abort_after_consecutive_nonfinite(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    cfg = TrainConfig(**tiny_train(max_steps=8, nproc_per_node=1, checkpoint_every=0,
+                                   max_consecutive_nonfinite=2))
+    tr = _single(tmp_path, packed, worker_spec, cfg, inject_nan_steps=[2, 3, 4])
+    with pytest.raises(RuntimeError, match=r"non-finite for 2 steps in a row \(steps 3\.\.4; "
+                                            r"train\.max_consecutive_nonfinite=2\)"):
+        tr.run()
