@@ -14,6 +14,9 @@ STAGE_MODULES = [
     "llmpipe.ingest",
     "llmpipe.curation.stages",  # langid, quality, safety
     "llmpipe.curation.dedup.stage",  # exact + MinHash LSH dedup
+    "llmpipe.curation.augment.stage",  # synonym, masked LM, back-translation, restructure, templates
+    "llmpipe.tokenization.tokenizer",  # byte-level BPE train or load
+    "llmpipe.tokenization.pack",  # tokenize: encode, split, mix, pack
 ]
 
 

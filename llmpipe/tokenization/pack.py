@@ -114,7 +114,8 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
     head = [bos] if cfg.add_bos else []
 
     def flush() -> None:
-        encs = tok.encode_batch_fast([d.text for d in batch], add_special_tokens=False)
+        # encode_batch (not encode_batch_fast): measured faster here, and it keeps offsets for truncation
+        encs = tok.encode_batch([d.text for d in batch], add_special_tokens=False)
         for d, e in zip(batch, encs, strict=True):
             split = assign_split(d.id, d.metadata.get("parent_id"), cfg)
             if split is None:
@@ -128,7 +129,7 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
             chunks = [ids]
             if cfg.max_tokens is not None and len(ids) > cfg.max_tokens:
                 if cfg.long_docs == "truncate":
-                    end_char = tok.encode(d.text, add_special_tokens=False).offsets[cfg.max_tokens - 1][1]
+                    end_char = e.offsets[cfg.max_tokens - 1][1]
                     n_bytes = len(d.text[:end_char].encode("utf-8"))
                     chunks = [ids[: cfg.max_tokens]]
                     counts["truncated"] += 1

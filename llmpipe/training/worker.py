@@ -215,7 +215,9 @@ class Trainer:
         cfg, eng = self.cfg, self.engine
         t0 = time.perf_counter()
         lr = lr_at(self.step, cfg)
-        inject = self.step in set(self.spec.get("inject_nan_steps", []))
+        inject = self.step in set(self.spec.get("inject_nan_steps", []))  # fault injection for tests
+        if self.spec.get("inject_fail_rank") == self.rank and self.step == 1:
+            raise RuntimeError(f"injected failure on rank {self.rank} at step 2")
         losses, bad_step = [], False
         for a in range(self.order.accum):
             ids = batch(self.source, self.order.indices(self.step, a, self.rank), self.seq_len).to(self.device)
@@ -247,7 +249,7 @@ class Trainer:
             if self.nonfinite_streak >= cfg.max_consecutive_nonfinite:
                 raise RuntimeError(
                     f"training aborted: the loss was non-finite for {self.nonfinite_streak} steps in a row "
-                    f"(steps {self.step - self.nonfinite_streak + 1}..{self.step}; "
+                    f"(steps {self.step - self.nonfinite_streak + 2}..{self.step + 1}; "
                     f"train.max_consecutive_nonfinite={cfg.max_consecutive_nonfinite}); lower train.lr, "
                     "keep train.grad_clip > 0, or check the data")
         else:

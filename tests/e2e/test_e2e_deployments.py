@@ -153,7 +153,11 @@ def test_b_ui_quick_run_completes_all_cached(prefect_stack, deployed: list[str],
             seconds = time.monotonic() - t0
             page.goto(f"{prefect_stack.ui_url}/runs/flow-run/{run_id}")
             page.get_by_text("Completed").first.wait_for()
+            page.get_by_text(re.compile(r"Beginning flow run")).first.wait_for()  # the worker's logs are in
             page.screenshot(path=str(shot), full_page=True)
+            page.get_by_role("tab", name="Artifacts").or_(page.get_by_text("Artifacts", exact=True)).first.click()
+            page.get_by_text("data-refresh-stages").first.wait_for()
+            page.screenshot(path=str(OUTPUTS / "ui-quick-run-artifacts.png"), full_page=True)
         finally:
             browser.close()
     print(f"\nUI quick run: flow run {run_id} {run.state.name} in ~{seconds:.0f}s; screenshot {shot}")

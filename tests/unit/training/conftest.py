@@ -34,11 +34,11 @@ def _worker_spec(train: Any, data: Path, run_dir: Path, **extra: Any) -> dict[st
             "run_dir": str(run_dir), **extra}
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_train() -> Any:
     return _tiny_train
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def worker_spec() -> Any:
     return _worker_spec

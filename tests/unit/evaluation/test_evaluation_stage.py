@@ -1,0 +1,74 @@
+"""The evaluate stage on real tokenize/pretrain-shaped artifacts, with the regression table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from llmpipe.evaluation.config import EvaluateConfig, TaskConfig
+from llmpipe.evaluation.stage import RESULTS, run_evaluate
+from llmpipe.stage import STAGES, LocalRunner, StageContext
+
+
+def make_ctx(store, cfg: EvaluateConfig, inputs: dict[str, Path], out: Path, key: str,  # noqa: ANN001
+             tokenize_key: str = "tz-1") -> StageContext:
+    out.mkdir(parents=True)
+    return StageContext(spec=STAGES["evaluate"], config=cfg, pipeline=None, key=key, out=out, inputs=inputs,
+                        input_keys={"pretrain": f"pre-{key}", "tokenize": tokenize_key}, store=store,
+                        runner=LocalRunner(1))
+
+
+def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tmp_path: Path) -> None:  # noqa: ANN001
+    task = tmp_path / "cloze.jsonl"
+    task.write_text(json.dumps({"context": "The cat sees the red", "choices": [" ball.", " river."], "label": 0})
+                    + "\n")
+    cfg = EvaluateConfig(max_sequences=12, prompts=["The dog"], max_new_tokens=6,
+                         tasks=[TaskConfig(name="cloze", path=str(task))])
+    inputs = {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize}
+
+    ctx1 = make_ctx(fresh_store, cfg, inputs, fresh_store.new_tmp_dir("evaluate", "k1"), "k1")
+    stats1 = run_evaluate(ctx1)
+    res1 = json.loads((ctx1.out / RESULTS).read_text())
+    assert res1["metrics"]["overall"]["perplexity"] == pytest.approx(stats1["perplexity"])
+    assert res1["data"]["sequences_used"] == 12 and res1["settings"]["max_sequences"] == 12
+    assert res1["metrics"]["tasks"]["cloze"]["n"] == 1
+    assert stats1["previous_key"] is None
+    md1 = next(r for r in ctx1.reports if r.kind == "markdown").payload
+    assert "No previous evaluation" in md1 and "| perplexity |" in md1 and "The dog" in md1
+    fresh_store.publish("evaluate", "k1", ctx1.out, version="1", config=cfg.key_dict(),
+                        inputs=ctx1.input_keys, stats=stats1, started=time.time())
+
+    # a "newer model": the same weights saved again under another key; its table shows the first beside it
+    other = tmp_path / "pretrain2"
+    shutil.copytree(toy_lm.pretrain, other)
+    ctx2 = make_ctx(fresh_store, cfg, {**inputs, "pretrain": other}, fresh_store.new_tmp_dir("evaluate", "k2"), "k2")
+    stats2 = run_evaluate(ctx2)
+    assert stats2["previous_key"] == "k1"
+    assert stats2["perplexity_change"] == pytest.approx(0.0, abs=1e-6)
+    md2 = next(r for r in ctx2.reports if r.kind == "markdown").payload
+    assert "Previous evaluation: `k1`" in md2 and "different held-out data" not in md2
+    row = next(r for r in next(r for r in ctx2.reports if r.kind == "table").payload if r["metric"] == "perplexity")
+    assert row["previous"] == pytest.approx(stats1["perplexity"])
+
+
+def test_missing_task_file_is_a_clear_error(toy_lm, fresh_store, tmp_path: Path) -> None:  # noqa: ANN001
+    cfg = EvaluateConfig(max_sequences=2, prompts=[], tasks=[TaskConfig(name="x", path=str(tmp_path / "no.jsonl"))])
+    ctx = make_ctx(fresh_store, cfg, {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
+                   tmp_path / "out", "k")
+    with pytest.raises(FileNotFoundError, match="evaluate.tasks: no task file"):
+        run_evaluate(ctx)
+
+
+def test_config_rejects_bad_values() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="greater than 0"):
+        EvaluateConfig(max_sequences=0)
+    with pytest.raises(ValidationError, match="letters, digits"):
+        TaskConfig(name="a b", path="x.jsonl")
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        EvaluateConfig(max_seqs=3)

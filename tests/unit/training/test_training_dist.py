@@ -1,0 +1,162 @@
+"""Real multi-process training under torchrun (2 CPU processes, gloo, tiny model).
+
+One DDP run through the ``pretrain`` stage is the reference. Every strategy (DDP, FSDP2, ZeRO-1/2/3,
+ZeRO-2 + optimizer offload) and the two-"node" loopback run is then killed after step 5, resumed
+from its step-3 checkpoint, and must reproduce the reference loss at every step: bitwise for DDP,
+within 1e-5 for the others (all are the same fp32 math on the same global batches).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from llmpipe.stage import STAGES, StageContext
+from llmpipe.store import ArtifactStore
+from llmpipe.training.config import TrainConfig
+from llmpipe.training.launch import TrainingError, free_port, launch
+from llmpipe.training.stage import run_pretrain  # noqa: F401 - registers the stage
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[3]
+
+
+class Stop(Exception):
+    """Raised from the metric callback: the launcher kills every worker (a real SIGTERM/SIGKILL)."""
+
+
+def _tokenizer_dir(root: Path, vocab: int) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    root.mkdir(parents=True)
+    tok.save(str(root / "tokenizer.json"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train) -> dict[str, Any]:
+    """The pretrain stage end to end with DDP: artifact, metrics, loss curve, tokenizer copied in."""
+    from llmpipe.config import load_config
+
+    root = tmp_path_factory.mktemp("stage")
+    pipe = load_config(data={"train": tiny_train()})
+    out = root / "out"
+    out.mkdir()
+    progress: list[tuple[int, int]] = []
+    ctx = StageContext(spec=STAGES["pretrain"], config=pipe.train, pipeline=pipe, key="k" * 64, out=out,
+                       inputs={"tokenize": packed, "tokenizer": _tokenizer_dir(root / "tok", 128)},
+                       input_keys={}, store=ArtifactStore(root / "store"),
+                       on_progress=lambda d, a, b: progress.append((a, b)))
+    stats = run_pretrain(ctx)
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"out": out, "stats": stats, "losses": [m["loss"] for m in metrics], "progress": progress,
+            "ctx": ctx}
+
+
+def test_stage_artifact(reference: dict[str, Any]) -> None:
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    out, losses = reference["out"], reference["losses"]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.2
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "loss_curve.png"):
+        assert (out / name).stat().st_size > 0, name
+    model = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+    assert PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json")).vocab_size == 128
+    assert reference["progress"][-1] == (6, 6)
+    st = reference["stats"]
+    assert st["world_size"] == 2 and st["steps"] == 6 and st["tokens_per_s"] > 0 and st["nonfinite_steps"] == 0
+    kinds = {r.kind for r in reference["ctx"].reports}
+    assert kinds == {"table", "image"}
+
+
+def _kill_and_resume(root: Path, packed: Path, worker_spec, train: dict[str, Any], nodes: int = 1) -> list[float]:
+    """Kill after step 5 (checkpoint at 3), resume, return the loss of steps 1..6 as metrics.jsonl has them."""
+    def run(stop_at: int | None) -> None:
+        port = free_port()
+        cfgs = [TrainConfig(**dict(train, nodes=nodes, node_rank=r, nproc_per_node=2 // nodes,
+                                   **({"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": "loop"} if nodes > 1 else {})))
+                for r in range(nodes)]
+
+        def on_metric(rec: dict[str, Any]) -> None:
+            if stop_at is not None and rec["step"] >= stop_at:
+                raise Stop()
+
+        errors: list[BaseException] = []
+
+        def one(c: TrainConfig) -> None:
+            try:
+                launch(c, worker_spec(c, packed, root), root, on_metric=on_metric)
+            except BaseException as e:  # noqa: BLE001 - collected for the assertions below
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(c,)) for c in cfgs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if stop_at is None:
+            assert not errors, errors
+        else:
+            assert any(isinstance(e, Stop) for e in errors), errors
+
+    run(stop_at=5)
+    assert (root / "checkpoints/step_00000003/state.json").exists()
+    assert not (root / "export").exists()
+    run(stop_at=None)
+    metrics = [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (root / "checkpoints").glob("step_*")) == ["step_00000003", "step_00000006"]
+    return [m["loss"] for m in metrics]
+
+
+STRATEGY_CASES = {
+    "ddp": {"strategy": "ddp"},
+    "fsdp2": {"strategy": "fsdp2"},
+    "zero1": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero1.json")},
+    "zero2": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero2.json")},
+    "zero3": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero3.json")},
+    "zero2_offload": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero2_offload.json")},
+}
+
+
+@pytest.mark.parametrize("case", list(STRATEGY_CASES))
+def test_strategy_kill_resume_export(case: str, reference: dict[str, Any], tmp_path: Path, packed: Path,
+                                     tiny_train, worker_spec) -> None:
+    from transformers import AutoModelForCausalLM
+
+    losses = _kill_and_resume(tmp_path, packed, worker_spec, tiny_train(**STRATEGY_CASES[case]))
+    ref = reference["losses"]
+    if case == "ddp":
+        assert losses == ref  # bitwise
+    else:
+        assert max(abs(a - b) for a, b in zip(losses, ref, strict=True)) <= 1e-5, (losses, ref)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
+    ref_model = AutoModelForCausalLM.from_pretrained(reference["out"])
+    for (k, a), (_, b) in zip(model.state_dict().items(), ref_model.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-4), k
+
+
+def test_two_node_loopback_matches_single_node(reference: dict[str, Any], tmp_path: Path, packed: Path,
+                                               tiny_train, worker_spec) -> None:
+    """Two torchrun agents (node_rank 0 and 1, one process each) meet at a c10d rendezvous on 127.0.0.1."""
+    losses = _kill_and_resume(tmp_path, packed, worker_spec, tiny_train(), nodes=2)
+    assert max(abs(a - b) for a, b in zip(losses, reference["losses"], strict=True)) <= 1e-5
+
+
+def test_worker_failure_names_rank_and_timeout(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    cfg = TrainConfig(**tiny_train())
+    with pytest.raises(TrainingError, match=r"training worker rank 1 failed: RuntimeError: injected failure"):
+        launch(cfg, worker_spec(cfg, packed, tmp_path / "a", inject_fail_rank=1), tmp_path / "a")
+    slow = TrainConfig(**tiny_train(timeout_s=2))
+    with pytest.raises(TrainingError, match=r"timed out after 2s \(train\.timeout_s\)"):
+        launch(slow, worker_spec(slow, packed, tmp_path / "b"), tmp_path / "b")
