@@ -291,6 +291,12 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
             "sources": {u["source"]: u["source_key"] for u in units}, "per_source": rows}
 
 
+def _slug(rel: str) -> str:
+    """File names in shard names keep arrival order for dated files (day1 < day2), which lets dedup
+    treat a refresh's shards as new documents after the old ones."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", rel)[:80]
+
+
 def _n_chunks(path: Path, fmt: str, chunk_mb: float) -> int:
     """Big uncompressed JSONL files are cut into byte ranges so that several workers share one file."""
     if fmt != "jsonl" or path.name.lower().endswith((".gz", ".zst")) or not path.is_file():
@@ -313,7 +319,7 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], d
             for i in range(n):
                 units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,
                               "display": f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path),
-                              "prefix": f"{src.name}-{digest[:12]}" + (f"-c{i:04d}" if n > 1 else ""),
+                              "prefix": f"{src.name}-{_slug(rel)}-{digest[:8]}" + (f"-c{i:04d}" if n > 1 else ""),
                               "text_field": src.text_field, "id_field": src.id_field,
                               "chunk": [i, n] if n > 1 else None})
         keys[f"source:{src.name}"] = hash_json(parts)

@@ -17,6 +17,7 @@ STAGE_MODULES = [
     "llmpipe.curation.augment.stage",  # synonym, masked LM, back-translation, restructure, templates
     "llmpipe.tokenization.tokenizer",  # byte-level BPE train or load
     "llmpipe.tokenization.pack",  # tokenize: encode, split, mix, pack
+    "llmpipe.training.stage",  # pretrain: torchrun / DeepSpeed workers
 ]
 
 

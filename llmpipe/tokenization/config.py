@@ -48,6 +48,8 @@ class TokenizeConfig(Section):
     seq_len: int = Field(512, gt=1, description="tokens per training sequence (each item holds seq_len+1)")
     val_fraction: float = Field(0.01, description="share of original documents in the validation split")
     split_salt: str = Field("", description="change to draw a different validation split")
+    min_val_docs: int = Field(
+        1, ge=0, description="with val_fraction > 0, val holds at least this many original documents")
     min_tokens: int = Field(1, ge=1, description="documents with fewer tokens are dropped (too_short)")
     max_tokens: int | None = Field(None, gt=0, description="longer documents are split or truncated")
     long_docs: Literal["split", "truncate"] = "split"

@@ -40,6 +40,7 @@ Read it with :class:`llmpipe.tokenization.dataset.PackedDataset`.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -58,10 +59,11 @@ from llmpipe.tokenization.tokenizer import load_for_encoding
 
 VERSION = "1"
 FORMAT = "llmpipe-packed/1"
-TRAIN, VAL = 0, 1
+TRAIN, VAL, DROPPED = 0, 1, 2
 PAD_LANG = 255
-# segment table columns (int64): token offset, token count, lang index, source index, split, bytes, order
-SEG_COLS = 7
+# segment table columns (int64): token offset, token count, lang index, source index, split, bytes,
+# mixing order, split group key (63-bit hash of parent_id or id), is-child flag
+SEG_COLS = 9
 
 _TOKENIZERS: dict[str, tuple[Any, dict[str, Any]]] = {}
 
@@ -71,10 +73,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def split_hash(salt: str, group: str) -> float:
-    """A float in [0, 1) from the document group: stable across runs, machines and refreshes."""
+def split_key(salt: str, group: str) -> int:
+    """A 63-bit hash of the document group: stable across runs, machines and refreshes."""
     h = hashlib.blake2b(f"split\x00{salt}\x00{group}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2**64
+    return int.from_bytes(h, "big") >> 1
 
 
 def order_hash(doc_id: str) -> int:
@@ -82,12 +84,13 @@ def order_hash(doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"mix\x00{doc_id}".encode(), digest_size=8).digest(), "big") >> 1
 
 
-def assign_split(doc_id: str, parent_id: str | None, cfg: TokenizeConfig) -> int | None:
-    """TRAIN, VAL, or None for a child of a validation document (dropped: it would leak val)."""
-    in_val = split_hash(cfg.split_salt, parent_id or doc_id) < cfg.val_fraction
+def assign_split(doc_id: str, parent_id: str | None, cfg: TokenizeConfig) -> tuple[int | None, int]:
+    """(TRAIN, VAL, or None for a child of a validation document: dropped, it would leak val; group key)."""
+    key = split_key(cfg.split_salt, parent_id or doc_id)
+    in_val = key < cfg.val_fraction * 2**63
     if parent_id:
-        return None if in_val else TRAIN
-    return VAL if in_val else TRAIN
+        return (None if in_val else TRAIN), key
+    return (VAL if in_val else TRAIN), key
 
 
 def _tokenizer(tok_dir: str) -> tuple[Any, dict[str, Any]]:
@@ -113,48 +116,60 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
     batch: list[Any] = []
     head = [bos] if cfg.add_bos else []
 
+    max_tokens, min_tokens, truncate = cfg.max_tokens, cfg.min_tokens, cfg.long_docs == "truncate"
+
     def flush() -> None:
         # encode_batch (not encode_batch_fast): measured faster here, and it keeps offsets for truncation
         encs = tok.encode_batch([d.text for d in batch], add_special_tokens=False)
         for d, e in zip(batch, encs, strict=True):
-            split = assign_split(d.id, d.metadata.get("parent_id"), cfg)
+            parent = d.metadata.get("parent_id")
+            split, gkey = assign_split(d.id, parent, cfg)
             if split is None:
                 dropped["child_of_val"] += 1
                 continue
             ids = e.ids
-            if len(ids) < cfg.min_tokens:
+            n = len(ids)
+            if n < min_tokens:
                 dropped["too_short"] += 1
                 continue
-            n_bytes = len(d.text.encode("utf-8"))
-            chunks = [ids]
-            if cfg.max_tokens is not None and len(ids) > cfg.max_tokens:
-                if cfg.long_docs == "truncate":
-                    end_char = e.offsets[cfg.max_tokens - 1][1]
-                    n_bytes = len(d.text[:end_char].encode("utf-8"))
-                    chunks = [ids[: cfg.max_tokens]]
+            text = d.text
+            n_bytes = len(text.encode("utf-8"))
+            chunks = (ids,)
+            if max_tokens is not None and n > max_tokens:
+                if truncate:
+                    n_bytes = len(text[: e.offsets[max_tokens - 1][1]].encode("utf-8"))
+                    chunks = (ids[:max_tokens],)
                     counts["truncated"] += 1
                 else:
-                    chunks = [ids[i : i + cfg.max_tokens] for i in range(0, len(ids), cfg.max_tokens)]
+                    chunks = tuple(ids[i : i + max_tokens] for i in range(0, n, max_tokens))
                     counts["split_docs"] += 1
             li = langs.setdefault(str(d.metadata.get("lang") or "und"), len(langs))
             si = sources.setdefault(d.source, len(sources))
             oh = order_hash(d.id)
+            child = 1 if parent else 0
             for ci, chunk in enumerate(chunks):
                 start = len(flat)
                 flat.extend(head)
                 flat.extend(chunk)
                 flat.append(eos)
                 # bytes are attributed to the first piece (bits-per-byte sums over the split)
-                segs.append((start, len(flat) - start, li, si, split, n_bytes if ci == 0 else 0, oh + ci))
+                segs.append((start, len(flat) - start, li, si, split, n_bytes if ci == 0 else 0, oh + ci, gkey,
+                             child))
         batch.clear()
 
-    for d in iter_documents(path):
-        counts["docs"] += 1
-        batch.append(d)
-        if len(batch) >= cfg.batch_size:
+    gc_was_on = gc.isenabled()
+    gc.disable()  # millions of small allocations and no cycles: the collector only costs time here
+    try:
+        for d in iter_documents(path):
+            counts["docs"] += 1
+            batch.append(d)
+            if len(batch) >= cfg.batch_size:
+                flush()
+        if batch:
             flush()
-    if batch:
-        flush()
+    finally:
+        if gc_was_on:
+            gc.enable()
     tokens = np.asarray(flat, dtype=dtype)
     tokens.tofile(out_dir / "tokens.bin")
     np.save(out_dir / "segments.npy", np.asarray(segs, dtype=np.int64).reshape(-1, SEG_COLS))
@@ -280,6 +295,31 @@ def _load_shards(results: list[tuple[Path, dict[str, Any]]]) -> tuple[list[dict[
     return shards, list(langs), list(sources)
 
 
+def ensure_min_val(shards: list[dict[str, Any]], cfg: TokenizeConfig) -> int:
+    """Move the lowest-hash train groups into val until it holds ``min_val_docs`` original documents.
+
+    Equivalent to raising the split threshold just enough, so it only matters for tiny corpora; the
+    children of a moved document are dropped like any child of val. Returns the children dropped.
+    """
+    if cfg.val_fraction <= 0 or cfg.min_val_docs <= 0 or not shards:
+        return 0
+    segs = np.concatenate([s["segs"] for s in shards])
+    originals = (segs[:, 8] == 0) & (segs[:, 5] > 0)
+    need = cfg.min_val_docs - int((originals & (segs[:, 4] == VAL)).sum())
+    if need <= 0:
+        return 0
+    candidates = np.unique(segs[originals & (segs[:, 4] == TRAIN), 7])[:need]
+    dropped = 0
+    for s in shards:
+        g = s["segs"]
+        hit = np.isin(g[:, 7], candidates) & (g[:, 4] == TRAIN)
+        child = hit & (g[:, 8] == 1)
+        dropped += int((child & (g[:, 5] > 0)).sum())
+        g[hit & (g[:, 8] == 0), 4] = VAL
+        g[child, 4] = DROPPED
+    return dropped
+
+
 def plan_copies(shards: list[dict[str, Any]], langs: list[str], sources: list[str],
                 cfg: TokenizeConfig) -> tuple[list[np.ndarray], dict[tuple[str, str], float]]:
     """Copies per train segment (per shard), from the mixing multipliers by error diffusion."""
@@ -340,7 +380,7 @@ def _language_table(shards: list[dict[str, Any]], copies: list[np.ndarray], lang
             if row[4] == TRAIN:
                 before[lang] += row[1]
                 after[lang] += row[1] * k
-            else:
+            elif row[4] == VAL:
                 val[lang] += row[1]
     tb, ta = sum(before.values()) or 1, sum(after.values()) or 1
     return [{"lang": lang, "train_tokens_before": before[lang], "train_tokens_after": after[lang],
@@ -392,6 +432,7 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
               (str(p), str(tok_dir), cfg)) for p in shard_paths(src)]
     results = ctx.cached_map(encode_shard, items, desc="encode")
     shards, langs, sources = _load_shards(results)
+    moved_children = ensure_min_val(shards, cfg)
     copies, mult = plan_copies(shards, langs, sources, cfg)
     splits = pack(shards, copies, ctx.out, cfg, meta)
     index = {"format": FORMAT, "seq_len": cfg.seq_len, "dtype": token_dtype(meta["vocab_size"]).name,
@@ -403,6 +444,11 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     table = _language_table(shards, copies, langs, cfg)
     ctx.report_table("tokenize-languages", "Train tokens per language before/after mixing", table)
     stats = _sum_stats(results)
+    if moved_children:
+        stats["kept"] -= moved_children
+        stats["dropped"]["child_of_val"] = stats["dropped"].get("child_of_val", 0) + moved_children
+    if cfg.val_fraction > 0 and splits["val"]["sequences"] == 0:
+        ctx.log.warning("tokenize: the validation split is empty (val_fraction=%s)", cfg.val_fraction)
     stats.update({
         "train_sequences": splits["train"]["sequences"], "val_sequences": splits["val"]["sequences"],
         "train_tokens": splits["train"]["tokens"], "val_tokens": splits["val"]["tokens"],

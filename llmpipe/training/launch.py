@@ -144,9 +144,9 @@ def launch(
             line = line.rstrip("\n")
             tail.append(line)
             del tail[:-200]
+            rec = _parse_metric(line)
             try:
-                if line.startswith(METRIC_PREFIX):
-                    rec = json.loads(line[len(METRIC_PREFIX):])
+                if rec is not None:
                     metrics.append(rec)
                     if on_metric is not None:
                         on_metric(rec)
@@ -179,6 +179,18 @@ def launch(
     return LaunchResult(proc.returncode, metrics, summary, time.monotonic() - t0, cmd)
 
 
+def _parse_metric(line: str) -> dict[str, Any] | None:
+    """A metric record, or None for an ordinary log line (another rank's output may share the line)."""
+    at = line.find(METRIC_PREFIX)
+    if at < 0:
+        return None
+    try:
+        rec, _ = json.JSONDecoder().raw_decode(line[at + len(METRIC_PREFIX):])
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and "step" in rec else None
+
+
 def _kill(proc: subprocess.Popen[str]) -> None:
     """Stop the launcher and every worker it started (they share its process group)."""
     if proc.poll() is not None:
@@ -196,10 +208,10 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 
 def describe_failure(run_dir: Path, log_dir: Path, returncode: int, tail: list[str]) -> str:
-    """Name the failed rank and its error: our per-rank error files, else torchrun's error.json."""
+    """Name the first failed rank and its error: our per-rank error files, else torchrun's error.json."""
     found = []
-    for f in sorted((run_dir / "errors").glob("rank_*.json")):
-        e = json.loads(f.read_text())
+    records = [json.loads(f.read_text()) for f in (run_dir / "errors").glob("rank_*.json")]
+    for e in sorted(records, key=lambda e: e.get("time", 0.0)):  # root cause first: peers fail after it
         found.append((int(e["rank"]), e["error"], e.get("traceback", "")))
     if not found:
         for f in sorted(log_dir.rglob("error.json")):

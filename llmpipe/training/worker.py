@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         err_dir = Path(spec["run_dir"]) / "errors"
         err_dir.mkdir(parents=True, exist_ok=True)
         (err_dir / f"rank_{rank}.json").write_text(json.dumps({
-            "rank": rank, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}))
+            "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()}))
         log.error("rank %d failed: %s: %s", rank, type(e).__name__, e)
         raise
     finally:

@@ -106,8 +106,8 @@ def test_uniform_model_gives_closed_form_perplexity_and_bpb(lm) -> None:  # noqa
     res = evaluate_model(UniformLM(len(tok)), tok, [EvalSequence(ids, "de")])["overall"]
     v, n = len(tok), len(ids) - 1
     target_bytes = len(tok.decode(ids[1:]).encode("utf-8"))
-    assert res["perplexity"] == pytest.approx(v, rel=1e-9)
-    assert res["bits_per_byte"] == pytest.approx(n * math.log2(v) / target_bytes, rel=1e-9)
+    assert res["perplexity"] == pytest.approx(v, rel=1e-6)  # log-softmax runs in float32
+    assert res["bits_per_byte"] == pytest.approx(n * math.log2(v) / target_bytes, rel=1e-6)
 
 
 def test_tally_bits_per_byte_formula() -> None:

@@ -16,7 +16,7 @@ from llmpipe.stage import STAGES, LocalRunner, StageContext
 
 def make_ctx(store, cfg: EvaluateConfig, inputs: dict[str, Path], out: Path, key: str,  # noqa: ANN001
              tokenize_key: str = "tz-1") -> StageContext:
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     return StageContext(spec=STAGES["evaluate"], config=cfg, pipeline=None, key=key, out=out, inputs=inputs,
                         input_keys={"pretrain": f"pre-{key}", "tokenize": tokenize_key}, store=store,
                         runner=LocalRunner(1))

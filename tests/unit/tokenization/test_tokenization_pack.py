@@ -59,8 +59,8 @@ def test_packed_tokens_decode_to_the_documents_exactly(pipeline_dirs, synth, mak
     train, val = _docs_of(out, dirs["tokenizer"], "train"), _docs_of(out, dirs["tokenizer"], "val")
     all_docs = [d for s in shards for d in s]
     cfg = TokenizeConfig(val_fraction=0.2)
-    want_val = [d.text for d in all_docs if assign_split(d.id, None, cfg) == 1]
-    want_train = [d.text for d in all_docs if assign_split(d.id, None, cfg) == 0]
+    want_val = [d.text for d in all_docs if assign_split(d.id, None, cfg)[0] == 1]
+    want_train = [d.text for d in all_docs if assign_split(d.id, None, cfg)[0] == 0]
     assert val == want_val and train == want_train  # exact text, document order kept
     assert 0 < len(val) < len(train)
     assert any("<|endoftext|>" in t for t in train + val)  # literal special strings survive as text
@@ -94,7 +94,7 @@ def test_no_augmented_doc_and_no_child_of_train_in_val(pipeline_dirs, synth, mak
     out = tmp_path / "tok"
     _, stats = _tokenize(make_ctx, dirs, out, seq_len=32, val_fraction=0.3)
     cfg = TokenizeConfig(val_fraction=0.3)
-    val_parents = {d.id for d in originals if assign_split(d.id, None, cfg) == 1}
+    val_parents = {d.id for d in originals if assign_split(d.id, None, cfg)[0] == 1}
     assert 0 < len(val_parents) < len(originals)
     val, train = _docs_of(out, dirs["tokenizer"], "val"), _docs_of(out, dirs["tokenizer"], "train")
     assert not any(t.endswith(" AUG") for t in val)
@@ -208,3 +208,17 @@ def test_share_for_missing_language_is_a_clear_error(pipeline_dirs, synth, make_
     dirs = pipeline_dirs([synth(20, 5, seed=12)])
     with pytest.raises(ValueError, match=r"language_shares: languages \['fr'\]"):
         _tokenize(make_ctx, dirs, tmp_path / "t", language_shares={"en": 0.5, "fr": 0.5})
+
+
+def test_tiny_corpus_still_gets_min_val_docs_without_leaks(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    originals = synth(6, 2, seed=13)
+    children = [Document(f"{d.id}-aug", d.text + " AUG", d.source, {**d.metadata, "parent_id": d.id})
+                for d in originals]
+    dirs = pipeline_dirs([originals + children])
+    _, st = _tokenize(make_ctx, dirs, tmp_path / "t", seq_len=16, val_fraction=1e-9, min_val_docs=2)
+    val = _docs_of(tmp_path / "t", dirs["tokenizer"], "val")
+    train = _docs_of(tmp_path / "t", dirs["tokenizer"], "train")
+    assert len(val) == 2 and not any(t.endswith(" AUG") for t in val)
+    assert not any(t == v + " AUG" for t in train for v in val)  # the moved docs' children are gone
+    assert st["dropped"] == {"child_of_val": 2} and st["kept"] + 2 == st["docs"] == 16
+    assert len(train) == 12

@@ -1,0 +1,97 @@
+"""Curation throughput on a Dask LocalCluster: 1 worker process vs 2 (issue 9, goal: ratio >= 1.6).
+
+The same corpus (English paragraphs from Python's bundled docs, shuffled into documents, split in
+shards) goes through ingest -> langid -> quality -> safety -> dedup twice, each time into a fresh
+store, with the shard jobs on a LocalCluster of 1 then 2 single-threaded workers. Curation docs/s =
+ingested documents / wall seconds of the four curation stages. The baseline is the 1-worker run.
+
+    .venv/bin/python benchmarks/dask_scaling.py [--docs 8000] [--shards 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+CURATION = ("langid", "quality", "safety", "dedup")
+
+
+def make_corpus(root: Path, docs: int, shards: int, seed: int = 0) -> None:
+    """``shards`` JSONL files of realistic English documents, every one distinct."""
+    from pydoc_data.topics import topics
+
+    paras = [p.strip() for t in topics.values() for p in t.split("\n\n") if len(p.split()) >= 12]
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    per = -(-docs // shards)
+    n = 0
+    for s in range(shards):
+        with open(root / f"part-{s:03d}.jsonl", "w", encoding="utf-8") as f:
+            for _ in range(min(per, docs - n)):
+                text = "\n\n".join(rng.sample(paras, 4)) + f"\n\nDocument {n}."
+                f.write(json.dumps({"id": f"d{n}", "text": text}) + "\n")
+                n += 1
+
+
+def run_once(corpus: Path, store: Path, workers: int, docs_per_shard: int) -> tuple[int, float, dict[str, str]]:
+    """(ingested docs, curation seconds, stage -> key) with shard jobs on ``workers`` Dask workers."""
+    from llmpipe.config import load_config
+    from llmpipe.runner import execute, open_store, plan
+    from llmpipe.runners_dask import DaskRunner, close_local_clusters
+
+    cfg = load_config(None, data={
+        "name": "dask-bench", "store": str(store), "state_dir": str(store.parent / "state"),
+        "sources": [{"name": "bench", "path": str(corpus), "format": "jsonl"}],
+        "ingest": {"max_docs_per_shard": docs_per_shard},
+        "runner": {"kind": "dask", "dask_workers": workers, "dask_threads_per_worker": 1},
+    })
+    st = open_store(cfg)
+    planned = plan(cfg)
+    runner = DaskRunner.from_config(cfg.runner)
+    runner.map(abs, list(range(workers * 4)))  # start the cluster before timing
+    arts, seconds, keys = {}, 0.0, {}
+    try:
+        for name in ("ingest", *CURATION):
+            ps = planned[name]
+            t0 = time.perf_counter()
+            art, ran, _ = execute(cfg, st, ps, {d: arts[d] for d in ps.spec.inputs}, runner=runner)
+            if name in CURATION:
+                seconds += time.perf_counter() - t0
+            assert ran, f"{name} was cached in a fresh store"
+            arts[name], keys[name] = art, ps.key
+    finally:
+        runner.close()
+        close_local_clusters()
+    ingested = int(arts["ingest"].stats.get("ingested") or arts["ingest"].stats.get("docs") or 0)
+    return ingested, seconds, keys
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=8000)
+    ap.add_argument("--shards", type=int, default=8)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="llmpipe-dask-bench-"))
+    try:
+        make_corpus(tmp / "corpus", args.docs, args.shards)
+        per_shard = -(-args.docs // args.shards)
+        results = {}
+        for w in (1, 2):
+            docs, secs, keys = run_once(tmp / "corpus", tmp / f"store-{w}", w, per_shard)
+            results[w] = (docs, secs, keys)
+            print(f"dask workers={w}: {docs} docs curated in {secs:.2f}s -> {docs / secs:.0f} docs/s")
+        assert results[1][2] == results[2][2], "stage keys differ between 1 and 2 workers"
+        ratio = (results[2][0] / results[2][1]) / (results[1][0] / results[1][1])
+        print(f"2 workers / 1 worker (baseline) docs/s ratio: {ratio:.2f}")
+        print(f"RESULT dask_scaling_ratio {ratio:.3f} goal >= 1.6")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
