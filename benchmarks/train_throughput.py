@@ -66,8 +66,10 @@ def hand_loop(cfg: TrainConfig, data: Path, seq: int) -> float:
     for step in range(cfg.max_steps):
         t0 = time.perf_counter()
         for a in range(order.accum):
-            ids = batch(src, order.indices(step, a, 0), seq)
-            (model(input_ids=ids, labels=ids).loss / order.accum).backward()
+            ids, targets = batch(src, order.indices(step, a, 0), seq)
+            logits = model(input_ids=ids).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+            (loss / order.accum).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)

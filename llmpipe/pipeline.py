@@ -18,6 +18,9 @@ STAGE_MODULES = [
     "llmpipe.tokenization.tokenizer",  # byte-level BPE train or load
     "llmpipe.tokenization.pack",  # tokenize: encode, split, mix, pack
     "llmpipe.training.stage",  # pretrain: torchrun / DeepSpeed workers
+    "llmpipe.evaluation.stage",  # evaluate: ppl, bits/byte, accuracy, samples, regression table
+    "llmpipe.quantization.stage",  # quantize: AWQ W4 / int8 dynamic behind the quality gate
+    "llmpipe.serving.stage",  # deploy: Triton model repository, smoke and load test
 ]
 
 

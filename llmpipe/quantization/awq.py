@@ -86,19 +86,20 @@ def calibration_dataset(sequences: list[np.ndarray], pad_id: int | None) -> Any:
     return Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]})
 
 
-def recipe(cfg: QuantizeConfig, group_size: int) -> list[Any]:
+def recipe(cfg: QuantizeConfig, group_size: int, awq: bool = True) -> list[Any]:
+    """AWQ scale search + W4 group quantization; ``awq=False`` is plain round-to-nearest (the baseline)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform.awq import AWQModifier
 
     weights = QuantizationArgs(num_bits=4, type="int", symmetric=cfg.symmetric, strategy="group",
                                group_size=group_size)
-    return [AWQModifier(duo_scaling=cfg.duo_scaling, n_grid=cfg.n_grid),
-            QuantizationModifier(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)},
-                                 ignore=list(cfg.ignore))]
+    smooth = [AWQModifier(duo_scaling=cfg.duo_scaling, n_grid=cfg.n_grid)] if awq else []
+    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weights)}
+    return [*smooth, QuantizationModifier(config_groups=groups, ignore=list(cfg.ignore))]
 
 
-def awq_quantize(fp_dir: Path, out_dir: Path, cfg: QuantizeConfig, calib: Any) -> dict[str, Any]:
+def awq_quantize(fp_dir: Path, out_dir: Path, cfg: QuantizeConfig, calib: Any, awq: bool = True) -> dict[str, Any]:
     """Quantize the checkpoint at ``fp_dir`` and save the compressed checkpoint (and tokenizer) to ``out_dir``."""
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,7 +113,7 @@ def awq_quantize(fp_dir: Path, out_dir: Path, cfg: QuantizeConfig, calib: Any) -
     max_len = max(len(r) for r in calib["input_ids"])
     t0 = time.perf_counter()
     with cpu_calibration_fix() as patched:
-        model = oneshot(model=model, tokenizer=tok, dataset=calib, recipe=recipe(cfg, group),
+        model = oneshot(model=model, tokenizer=tok, dataset=calib, recipe=recipe(cfg, group, awq),
                         num_calibration_samples=len(calib), max_seq_length=max_len,
                         shuffle_calibration_samples=False)
     seconds = time.perf_counter() - t0

@@ -27,7 +27,11 @@ class PackedSource(Protocol):
 
 
 class NpyPacked:
-    """Fallback reader: ``<dir>/<split>/*.npy`` 2-D token arrays [n, seq_len] (memory-mapped)."""
+    """Fixture reader: ``<dir>/<split>/*.npy`` 2-D token arrays [n, seq_len + 1] (memory-mapped).
+
+    Same convention as the tokenize stage's ``PackedDataset``: a row holds ``seq_len + 1`` ids, the
+    inputs are ``row[:-1]`` and the targets ``row[1:]``.
+    """
 
     def __init__(self, artifact_dir: str | Path, split: str = "train") -> None:
         root = Path(artifact_dir) / split
@@ -38,15 +42,16 @@ class NpyPacked:
         lens = {a.shape[1] for a in self.arrays}
         if len(lens) != 1:
             raise ValueError(f"packed shards under {root} disagree on sequence length: {sorted(lens)}")
-        self.seq_len = lens.pop()
+        self.seq_len = lens.pop() - 1
         self.offsets = np.cumsum([0] + [a.shape[0] for a in self.arrays])
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         f = int(np.searchsorted(self.offsets, i, side="right") - 1)
-        return np.asarray(self.arrays[f][i - self.offsets[f]])
+        row = torch.tensor(np.asarray(self.arrays[f][i - self.offsets[f]]), dtype=torch.long)
+        return row[:-1], row[1:]
 
 
 def open_packed(artifact_dir: str | Path, split: str = "train") -> PackedSource:
@@ -57,7 +62,12 @@ def open_packed(artifact_dir: str | Path, split: str = "train") -> PackedSource:
         from llmpipe.tokenization.dataset import PackedDataset  # type: ignore[import-not-found]
     except ImportError:
         return NpyPacked(artifact_dir, split)  # raises a clear "no packed shards" error
-    return PackedDataset(artifact_dir, split)
+    if not (Path(artifact_dir) / "index.json").is_file():
+        raise FileNotFoundError(f"no packed shards: {artifact_dir} has neither index.json nor {split}/*.npy")
+    try:
+        return PackedDataset(artifact_dir, split, pairs=True)
+    except ValueError as e:  # unknown split
+        raise FileNotFoundError(str(e)) from None
 
 
 def write_npy_fixture(out_dir: str | Path, n: int, seq_len: int, vocab_size: int, seed: int = 0,
@@ -70,7 +80,7 @@ def write_npy_fixture(out_dir: str | Path, n: int, seq_len: int, vocab_size: int
     for _ in range(n):
         period = int(rng.integers(2, 6))
         pat = rng.integers(0, min(vocab_size, 24), size=period)  # a small alphabet: quick to learn
-        rows.append(np.resize(pat, seq_len))
+        rows.append(np.resize(pat, seq_len + 1))
     data = np.stack(rows).astype(np.int32)
     for k, part in enumerate(np.array_split(data, shards)):
         np.save(root / f"part-{k:05d}.npy", part)
@@ -103,7 +113,9 @@ class GlobalOrder:
         return [self.global_index(start + j) for j in range(self.mb)]
 
 
-def batch(source: PackedSource, idx: list[int], seq_len: int) -> torch.Tensor:
-    """A [mb, seq_len] int64 tensor; longer stored sequences are cut to ``seq_len``."""
-    rows = [torch.tensor(np.asarray(source[i])[:seq_len], dtype=torch.long) for i in idx]
-    return torch.stack(rows)
+def batch(source: PackedSource, idx: list[int], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets, both [mb, seq_len] int64; padding targets are -100 (ignored by the loss)."""
+    pairs = [source[i] for i in idx]
+    x = torch.stack([torch.as_tensor(p[0][:seq_len], dtype=torch.long) for p in pairs])
+    y = torch.stack([torch.as_tensor(p[1][:seq_len], dtype=torch.long) for p in pairs])
+    return x, y

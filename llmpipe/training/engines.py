@@ -37,6 +37,12 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32 over non-padding targets (-100 is ignored)."""
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                             ignore_index=-100)
+
+
 def surrogate_loss(logits: torch.Tensor) -> torch.Tensor:
     """A zero loss wired to the same graph: backward runs every collective with zero gradients.
 
@@ -71,9 +77,10 @@ class Engine:
     def sync_context(self, last_micro: bool) -> Any:
         return contextlib.nullcontext()
 
-    def forward(self, ids: torch.Tensor) -> Any:
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with self.autocast():
-            return self.model(input_ids=ids, labels=ids)
+            logits = self.model(input_ids=ids).logits
+        return token_loss(logits, targets), logits
 
     def backward(self, loss: torch.Tensor, accum: int) -> None:
         loss = loss / accum
@@ -263,8 +270,9 @@ class DeepSpeedEngine(Engine):
         if cfg.compile:
             self.engine.compile()
 
-    def forward(self, ids: torch.Tensor) -> Any:
-        return self.engine(input_ids=ids, labels=ids)
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.engine(input_ids=ids).logits
+        return token_loss(logits, targets), logits
 
     def backward(self, loss: torch.Tensor, accum: int) -> None:
         self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself

@@ -220,18 +220,18 @@ class Trainer:
             raise RuntimeError(f"injected failure on rank {self.rank} at step 2")
         losses, bad_step = [], False
         for a in range(self.order.accum):
-            ids = batch(self.source, self.order.indices(self.step, a, self.rank), self.seq_len).to(self.device)
+            ids, targets = batch(self.source, self.order.indices(self.step, a, self.rank), self.seq_len)
+            ids, targets = ids.to(self.device), targets.to(self.device)
             last = a == self.order.accum - 1
             with eng.sync_context(last):
-                out = eng.forward(ids)
-                loss = out.loss.float()
+                loss, logits = eng.forward(ids, targets)
                 if inject and self.rank == 0:
                     loss = loss * float("nan")
                 bad = self._any(not bool(torch.isfinite(loss.detach())))
                 bad_step = bad_step or bad
                 if last and hasattr(eng, "set_lr"):
                     eng.set_lr(0.0 if bad_step else lr)  # DeepSpeed steps inside backward at the boundary
-                eng.backward(surrogate_loss(out.logits) if bad else loss, self.order.accum)
+                eng.backward(surrogate_loss(logits) if bad else loss, self.order.accum)
             losses.append(float(loss.detach()))
         grad_norm = eng.step(lr, skip=bad_step)
         loss_mean = float("nan") if bad_step else self._mean(sum(losses) / len(losses))

@@ -126,8 +126,9 @@ def test_int8_dynamic_scheme(evaluated) -> None:  # noqa: ANN001
     assert stats["gate_passed"] and stats["quantized_bytes"] < 0.6 * stats["fp_bytes"]
     assert json.loads((ctx.out / "model" / MARKER).read_text())["scheme"] == "int8_dynamic"
     served = load_for_serving(ctx.out / "model")
-    kinds = {type(m).__name__ for n, m in served.named_modules() if n.endswith(("q_proj", "down_proj"))}
-    assert kinds == {"DynamicQuantizedLinear"} and type(served.lm_head).__name__ == "Linear"
+    dyn = torch.ao.nn.quantized.dynamic.Linear
+    kinds = {type(m) for n, m in served.named_modules() if n.endswith(("q_proj", "down_proj"))}
+    assert kinds == {dyn} and type(served.lm_head) is torch.nn.Linear
 
 
 def test_gate_accuracy_drop_in_points() -> None:

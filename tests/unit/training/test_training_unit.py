@@ -82,7 +82,8 @@ def test_global_order_is_independent_of_world_size() -> None:
 def test_packed_reader(packed: Path) -> None:
     src = open_packed(packed, "train")
     assert len(src) == 64 and src.seq_len == 32
-    assert len(src[63]) == 32
+    x, y = src[63]
+    assert len(x) == len(y) == 32 and torch.equal(x[1:], y[:-1])
 
 
 def test_commands_single_multi_node_and_deepspeed(tmp_path: Path) -> None:
