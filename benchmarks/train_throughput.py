@@ -10,20 +10,25 @@ Usage: python benchmarks/train_throughput.py [--steps 12] [--hidden 256] [--laye
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import tempfile
-import time
-from pathlib import Path
+import sys
 
-import torch
+# benchmarks/ holds scripts named like stdlib modules (tokenize.py): keep it off the import path
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from llmpipe.training.config import TrainConfig
-from llmpipe.training.data import GlobalOrder, batch, open_packed, write_npy_fixture
-from llmpipe.training.launch import launch
-from llmpipe.training.worker import Trainer
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from llmpipe.training.config import TrainConfig  # noqa: E402
+from llmpipe.training.data import GlobalOrder, batch, open_packed, write_npy_fixture  # noqa: E402
+from llmpipe.training.launch import launch  # noqa: E402
+from llmpipe.training.worker import Trainer  # noqa: E402
 
 VOCAB = 2048
 

@@ -30,7 +30,12 @@ def load_sequences(tokenize_dir: str | Path, split: str = "val", max_sequences: 
     """(sequences, language names, split metadata) of one split of a tokenize artifact."""
     from llmpipe.training.data import open_packed
 
-    ds: Any = open_packed(tokenize_dir, split)
+    if (Path(tokenize_dir) / "index.json").is_file():  # the tokenize stage's layout: whole sequences
+        from llmpipe.tokenization.dataset import PackedDataset
+
+        ds: Any = PackedDataset(tokenize_dir, split, pairs=False)
+    else:
+        ds = open_packed(tokenize_dir, split)
     if len(ds) == 0:
         raise ValueError(f"evaluate.split: split {split!r} of {tokenize_dir} holds no sequences")
     names = list(getattr(ds, "languages_list", []) or [])

@@ -1,0 +1,1 @@
+"""Data augmentation with lineage: the ``augment`` stage and its operators."""
