@@ -101,6 +101,15 @@ def select(planned: dict[str, PlannedStage], flow: str | None = None, start: str
     return chosen
 
 
+def make_shard_runner(cfg: PipelineConfig) -> ShardRunner:
+    """Local processes, or the Dask cluster the config names (imported only when asked for)."""
+    if cfg.runner.kind == "dask":
+        from llmpipe.runners_dask import DaskRunner
+
+        return DaskRunner.from_config(cfg.runner)
+    return LocalRunner(cfg.runner.workers)
+
+
 def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstream: dict[str, Artifact],
             runner: ShardRunner | None = None, logger: logging.Logger | None = None,
             on_progress: Callable[[str, int, int], None] | None = None) -> tuple[Artifact, bool, float]:
@@ -116,7 +125,7 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
     ctx = StageContext(
         spec=ps.spec, config=section(cfg, ps.spec), pipeline=cfg, key=ps.key, out=tmp,
         inputs={d: upstream[d].path for d in ps.spec.inputs}, input_keys=dict(ps.input_keys),
-        store=store, runner=runner or LocalRunner(cfg.runner.workers),
+        store=store, runner=runner or make_shard_runner(cfg),
         log=logger or logging.getLogger(f"llmpipe.{ps.name}"), on_progress=on_progress, extra=ps.extra,
     )
     try:

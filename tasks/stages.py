@@ -27,7 +27,7 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from llmpipe.config import PipelineConfig
-from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, open_store
+from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, make_shard_runner, open_store
 from llmpipe.stage import STAGES
 from llmpipe.store import Artifact
 
@@ -92,17 +92,6 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
     logger.info("%s: %s in %.2fs -> %s", stage, "computed" if ran else "reused", seconds, art.path)
     return {"stage": stage, "key": key, "path": str(art.path), "ran": ran, "seconds": round(seconds, 3),
             "stats": art.stats}
-
-
-def make_shard_runner(cfg: PipelineConfig) -> Any:
-    """The library's shard runner for this config: local processes, or Dask when configured."""
-    if cfg.runner.kind == "dask":
-        from llmpipe.runners_dask import DaskRunner  # noqa: PLC0415 - optional dependency
-
-        return DaskRunner.from_config(cfg.runner)
-    from llmpipe.stage import LocalRunner
-
-    return LocalRunner(cfg.runner.workers)
 
 
 def stage_task_for(cfg: PipelineConfig) -> Any:
