@@ -176,11 +176,14 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small allocations and no cycles: the collector only costs time here
     try:
+        chars = 0
         for d in iter_documents(path):
             counts["docs"] += 1
             batch.append(d)
-            if len(batch) >= cfg.batch_size:
+            chars += len(d.text)
+            if len(batch) >= cfg.batch_size or chars >= cfg.batch_chars:  # bounds Encoding memory
                 flush()
+                chars = 0
         if batch:
             flush()
     finally:

@@ -128,6 +128,7 @@ def test_back_translation_runs_a_real_marian_chain(tiny_marian_chain: list[Path]
     b, _ = augment_documents(_docs(), _cfg(op))
     s = st["back_translation"]
     assert s["selected"] == 6 and s["augmented_docs"] + sum(s["skipped"].values()) == 6
+    assert s["augmented_docs"] >= 1 and all(d.metadata["augment_type"] == "back_translation" for d in a)
     assert [d.text for d in a] == [d.text for d in b]
 
 
