@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         flow = _flow_fn(args.flow)
         rows = flow(config=args.config, overrides=args.overrides, from_stage=args.from_stage, until=args.until)
-    _print_table(rows, ("stage", "key", "status", "seconds", "counts"))
+    _print_table(rows, ("stage", "key", "status", "state", "seconds", "counts"))
     return EXIT_OK
 
 

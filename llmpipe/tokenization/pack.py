@@ -44,6 +44,7 @@ import gc
 import hashlib
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ PAD_LANG = 255
 # mixing order, split group key (63-bit hash of parent_id or id), is-child flag
 SEG_COLS = 9
 
-_TOKENIZERS: dict[str, tuple[Any, Any, list[str], dict[str, Any]]] = {}
+_TOKENIZERS: dict[str, tuple[Any, Any, re.Pattern[str] | None, dict[str, Any]]] = {}
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -75,8 +76,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def split_key(salt: str, group: str) -> int:
     """A 63-bit hash of the document group: stable across runs, machines and refreshes."""
-    h = hashlib.blake2b(f"split\x00{salt}\x00{group}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") >> 1
+    return group_keys(salt, group)[0]
+
+
+def group_keys(salt: str, group: str) -> tuple[int, int]:
+    """(split key, mixing order key) of a group from one hash: both 63-bit."""
+    h = hashlib.blake2b(f"split\x00{salt}\x00{group}".encode(), digest_size=16).digest()
+    return int.from_bytes(h[:8], "big") >> 1, int.from_bytes(h[8:], "big") >> 1
 
 
 def order_hash(doc_id: str) -> int:
@@ -84,17 +90,20 @@ def order_hash(doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"mix\x00{doc_id}".encode(), digest_size=8).digest(), "big") >> 1
 
 
-def assign_split(doc_id: str, parent_id: str | None, cfg: TokenizeConfig) -> tuple[int | None, int]:
-    """(TRAIN, VAL, or None for a child of a validation document: dropped, it would leak val; group key)."""
-    key = split_key(cfg.split_salt, parent_id or doc_id)
+def assign_split(doc_id: str, parent_id: str | None, cfg: TokenizeConfig) -> tuple[int | None, int, int]:
+    """(TRAIN, VAL or None, group key, mixing order key) of a document.
+
+    None marks a child of a validation document: dropped, since training on it would leak val.
+    """
+    key, order = group_keys(cfg.split_salt, parent_id or doc_id)
     in_val = key < cfg.val_fraction * 2**63
     if parent_id:
-        return (None if in_val else TRAIN), key
-    return (VAL if in_val else TRAIN), key
+        return (None if in_val else TRAIN), key, order_hash(doc_id)
+    return (VAL if in_val else TRAIN), key, order
 
 
-def _tokenizer(tok_dir: str) -> tuple[Any, Any, list[str], dict[str, Any]]:
-    """(plain tokenizer, special-escaping tokenizer, special token strings, metadata), once per process.
+def _tokenizer(tok_dir: str) -> tuple[Any, Any, re.Pattern[str] | None, dict[str, Any]]:
+    """(plain tokenizer, special-escaping tokenizer, special-token regex, metadata), once per process.
 
     Escaping special tokens costs ~8% of encoding time, so only documents that contain a special
     token's text go through the escaping tokenizer.
@@ -107,14 +116,15 @@ def _tokenizer(tok_dir: str) -> tuple[Any, Any, list[str], dict[str, Any]]:
         plain.no_truncation()
         plain.no_padding()
         specials = [t.content for t in plain.get_added_tokens_decoder().values() if t.special]
-        _TOKENIZERS[tok_dir] = (plain, escaping, specials, meta)
+        pattern = re.compile("|".join(re.escape(x) for x in specials)) if specials else None
+        _TOKENIZERS[tok_dir] = (plain, escaping, pattern, meta)
     return _TOKENIZERS[tok_dir]
 
 
 def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[str, Any]:
     """Pass 1 for one input shard: ``tokens.bin``, ``segments.npy`` and ``shard.json`` in ``out_dir``."""
     path, tok_dir, cfg = arg
-    tok, escaping, specials, meta = _tokenizer(tok_dir)
+    tok, escaping, special_re, meta = _tokenizer(tok_dir)
     dtype = token_dtype(meta["vocab_size"])
     eos, bos = meta["eos_id"], meta.get("bos_id")
     if cfg.add_bos and bos is None:
@@ -134,12 +144,14 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
         # encode_batch (not encode_batch_fast): measured faster here, and it keeps offsets for truncation
         texts = [d.text for d in batch]
         encs = tok.encode_batch(texts, add_special_tokens=False)
-        for i, t in enumerate(texts):
-            if any(sp in t for sp in specials):  # rare: a special token's text inside a document
-                encs[i] = escaping.encode(t, add_special_tokens=False)
+        if special_re is not None:
+            search = special_re.search
+            for i, t in enumerate(texts):
+                if search(t):  # rare: a special token's text inside a document
+                    encs[i] = escaping.encode(t, add_special_tokens=False)
         for d, e in zip(batch, encs, strict=True):
             parent = d.metadata.get("parent_id")
-            split, gkey = assign_split(d.id, parent, cfg)
+            split, gkey, oh = assign_split(d.id, parent, cfg)
             if split is None:
                 dropped["child_of_val"] += 1
                 continue
@@ -161,7 +173,6 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
                     counts["split_docs"] += 1
             li = langs.setdefault(str(d.metadata.get("lang") or "und"), len(langs))
             si = sources.setdefault(d.source, len(sources))
-            oh = order_hash(d.id)
             child = 1 if parent else 0
             for ci, chunk in enumerate(chunks):
                 start = len(flat)
