@@ -10,7 +10,7 @@ Multi-node (``train.nodes > 1``): every node runs the *same* stage with the same
 
 Start one Prefect worker per node in a process work pool (``prefect worker start --pool train``),
 and submit the pretrain flow once per node with ``train.node_rank=<r>`` (or let a cluster scheduler
-such as Slurm start ``llmpipe run CONFIG --only pretrain -o train.node_rank=$SLURM_NODEID`` on every
+such as Slurm start ``llmpipe run CONFIG --from pretrain --until pretrain train.node_rank=$SLURM_NODEID`` on every
 node). The agents meet at the c10d rendezvous on node 0 and the world is nodes x nproc_per_node.
 All nodes must see the same store path (shared filesystem or object store cache) so the checkpoints
 written by every rank land in one place. With the DeepSpeed launcher, one node starts the others
