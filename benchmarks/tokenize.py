@@ -6,7 +6,11 @@ whole ``tokenize`` stage on the same texts stored as Parquet shards: read the sh
 encode, append EOS, mix, pack into fixed-length uint16 sequence shards with their index, on a fresh
 store (no cache). The metric is the ratio of tokens per second (document tokens, EOS not counted).
 
-    .venv/bin/python benchmarks/tokenize.py [--docs 20000] [--shards 4] [--workers 1] [--repeat 3]
+By default ours runs as the pipeline does (``runner.workers: 2``, shards in a process pool) and the
+baseline uses every core through the tokenizers thread pool. ``--workers 1`` runs ours in-process
+(one process, the tokenizers thread pool) and also prints the tokens-per-CPU-second ratio.
+
+    .venv/bin/python benchmarks/tokenize.py [--docs 20000] [--shards 4] [--workers 2] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=20000)
     ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=2, help="shard processes for ours (runner.workers)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs per side")
     args = ap.parse_args()
     docs = make_docs(args.docs)

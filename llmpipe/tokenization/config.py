@@ -60,8 +60,8 @@ class TokenizeConfig(Section):
     language_shares: dict[str, float] = Field(
         default_factory=dict, description="target token share per language in train (sums to 1)")
     sequences_per_shard: int = Field(8192, gt=0)
-    batch_size: int = run_setting(32768, gt=0, description="documents per encode_batch call")
-    batch_chars: int = run_setting(16_000_000, gt=0, description="characters per encode_batch call at most")
+    batch_size: int = run_setting(4096, gt=0, description="documents per encode_batch call")
+    batch_chars: int = run_setting(4_000_000, gt=0, description="characters per encode_batch call at most")
 
     @field_validator("val_fraction")
     @classmethod

@@ -46,6 +46,8 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,20 @@ def _tokenizer(tok_dir: str) -> tuple[Any, Any, re.Pattern[str] | None, dict[str
     return _TOKENIZERS[tok_dir]
 
 
+def _batches(docs: Iterator[Any], size: int, max_chars: int) -> Iterator[list[Any]]:
+    """Documents in lists of at most ``size`` documents or about ``max_chars`` characters."""
+    batch: list[Any] = []
+    chars = 0
+    for d in docs:
+        batch.append(d)
+        chars += len(d.text)
+        if len(batch) >= size or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
 def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[str, Any]:
     """Pass 1 for one input shard: ``tokens.bin``, ``segments.npy`` and ``shard.json`` in ``out_dir``."""
     path, tok_dir, cfg = arg
@@ -135,20 +151,21 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
     flat: list[int] = []  # every kept id of the shard, in order (one numpy conversion at the end)
     segs: list[tuple[int, ...]] = []
     counts = {"docs": 0, "truncated": 0, "split_docs": 0}
-    batch: list[Any] = []
     head = [bos] if cfg.add_bos else []
 
     max_tokens, min_tokens, truncate = cfg.max_tokens, cfg.min_tokens, cfg.long_docs == "truncate"
 
-    def flush() -> None:
+    def encode(texts: list[str]) -> list[Any]:
         # encode_batch (not encode_batch_fast): measured faster here, and it keeps offsets for truncation
-        texts = [d.text for d in batch]
         encs = tok.encode_batch(texts, add_special_tokens=False)
         if special_re is not None:
             search = special_re.search
             for i, t in enumerate(texts):
                 if search(t):  # rare: a special token's text inside a document
                     encs[i] = escaping.encode(t, add_special_tokens=False)
+        return encs
+
+    def consume(batch: list[Any], encs: list[Any]) -> None:
         for d, e in zip(batch, encs, strict=True):
             parent = d.metadata.get("parent_id")
             split, gkey, oh = assign_split(d.id, parent, cfg)
@@ -182,21 +199,21 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
                 # bytes are attributed to the first piece (bits-per-byte sums over the split)
                 segs.append((start, len(flat) - start, li, si, split, n_bytes if ci == 0 else 0, oh + ci, gkey,
                              child))
-        batch.clear()
 
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small allocations and no cycles: the collector only costs time here
     try:
-        chars = 0
-        for d in iter_documents(path):
-            counts["docs"] += 1
-            batch.append(d)
-            chars += len(d.text)
-            if len(batch) >= cfg.batch_size or chars >= cfg.batch_chars:  # bounds Encoding memory
-                flush()
-                chars = 0
-        if batch:
-            flush()
+        # encode_batch releases the GIL: encode batch k+1 in a thread while Python consumes batch k
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending: tuple[list[Any], Future[list[Any]]] | None = None
+            for batch in _batches(iter_documents(path), cfg.batch_size, cfg.batch_chars):
+                counts["docs"] += len(batch)
+                fut = pool.submit(encode, [d.text for d in batch])
+                if pending is not None:
+                    consume(pending[0], pending[1].result())
+                pending = (batch, fut)
+            if pending is not None:
+                consume(pending[0], pending[1].result())
     finally:
         if gc_was_on:
             gc.enable()
