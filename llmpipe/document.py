@@ -40,11 +40,8 @@ class Document:
 
 def stable_id(source: str, locator: str, text: str) -> str:
     """A document id that is the same on every run: hash of where it came from and what it says."""
-    h = hashlib.blake2b(digest_size=12)
-    for part in (source, locator, text):
-        h.update(part.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
-    return h.hexdigest()
+    data = f"{source}\x00{locator}\x00{text}\x00".encode("utf-8", "surrogatepass")  # one update: same digest
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 def dump_metadata(meta: dict[str, Any]) -> str:
@@ -80,10 +77,15 @@ def to_table(docs: Iterable[Document]) -> pa.Table:
 def write_shard(path: str | Path, docs: Iterable[Document]) -> int:
     """Write documents to one Parquet shard (deterministic bytes for the same documents)."""
     table = to_table(docs)
+    write_table(path, table)
+    return table.num_rows
+
+
+def write_table(path: str | Path, table: pa.Table) -> None:
+    """Write a table of ``SCHEMA`` as one shard (the same bytes for the same rows)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, compression="zstd", write_statistics=False)
-    return table.num_rows
+    pq.write_table(table.combine_chunks(), path, compression="zstd", write_statistics=False)
 
 
 def read_shard(path: str | Path) -> list[Document]:

@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata as _md
 from pathlib import Path
@@ -163,10 +164,11 @@ class ArtifactStore:
     def publish(self, stage: str, key: str, tmp: Path, *, version: str, config: Any,
                 inputs: dict[str, str], stats: dict[str, Any], started: float) -> Artifact:
         """Hash every file of ``tmp``, write the manifest last, and move the directory into place."""
-        files = {}
-        for f in sorted(tmp.rglob("*")):
-            if f.is_file() and f.name != MANIFEST:
-                files[f.relative_to(tmp).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+        paths = [f for f in sorted(tmp.rglob("*")) if f.is_file() and f.name != MANIFEST]
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # hashlib frees the GIL
+            digests = list(pool.map(sha256_file, paths))
+        files = {f.relative_to(tmp).as_posix(): {"sha256": h, "bytes": f.stat().st_size}
+                 for f, h in zip(paths, digests, strict=True)}
         manifest = {
             "stage": stage, "key": key, "version": version, "config": config, "inputs": inputs,
             "files": files, "stats": stats,

@@ -119,3 +119,42 @@ def test_big_files_split_into_chunks_keep_every_line_once(workdir: Path) -> None
     assert sorted(int(d.metadata["loc"]) for d in docs) == [n for n in range(1, 501) if n != 322]
     q = (art / "quarantine.jsonl").read_text()
     assert f"{f}:322" in q and run.stats["read"] == 500
+
+
+def test_arrow_fast_path_writes_the_same_shards_as_the_line_loop(tmp_path: Path) -> None:
+    from llmpipe.ingest import fast_jsonl, ingest_file
+    from llmpipe.store import sha256_file
+
+    recs = [{"text": f"Ｆｕｌｌ width {i}\x07 and café\u0301", "url": f"u{i}", "n": i, "ok": i % 2 == 0,
+             "score": i / 3} for i in range(300)]
+    f = write_jsonl(tmp_path / "clean.jsonl", recs)
+    cfg = {"normalization": "NFKC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 128}
+    arg = {"path": str(f), "format": "jsonl", "rel": "clean.jsonl", "display": str(f), "source": "s",
+           "prefix": "s-clean", "text_field": "text", "id_field": "n", "config": cfg, "chunk": [1, 3]}
+    fast_out, slow_out = tmp_path / "fast", tmp_path / "slow"
+    assert fast_jsonl(arg, fast_out) is not None
+    stats = ingest_file({**arg, "fast": False}, slow_out)
+    fast_files = sorted(p.name for p in (fast_out / "shards").iterdir())
+    assert fast_files == sorted(p.name for p in (slow_out / "shards").iterdir()) and len(fast_files) == 1
+    for name in fast_files:
+        assert sha256_file(fast_out / "shards" / name) == sha256_file(slow_out / "shards" / name)
+    assert stats["ingested"] == len(read_shard(fast_out / "shards" / fast_files[0]))
+
+
+def test_fast_path_declines_anything_unclean(tmp_path: Path) -> None:
+    from llmpipe.ingest import fast_jsonl
+
+    cfg = {"normalization": "NFC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 100}
+    cases = {
+        "broken": [{"text": "a"}, '{"text": oops'],
+        "blank": [{"text": "a"}, "", {"text": "b"}],
+        "empty": [{"text": "a"}, {"text": "  "}],
+        "missing": [{"text": "a"}, {"body": "b"}],
+        "nested": [{"text": "a", "meta": {"x": 1}}],
+        "number": [{"text": 5}],
+    }
+    for name, recs in cases.items():
+        f = write_jsonl(tmp_path / f"{name}.jsonl", recs)
+        arg = {"path": str(f), "format": "jsonl", "rel": f.name, "display": str(f), "source": "s", "prefix": name,
+               "text_field": "text", "id_field": None, "config": cfg}
+        assert fast_jsonl(arg, tmp_path / name) is None, name
