@@ -78,6 +78,7 @@ def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dt
         torch.manual_seed(cfg.seed)
         model = LlamaForCausalLM(conf).to(dtype)
     model.config.use_cache = False
+    model.train()  # from_pretrained returns eval mode, where HF layers skip gradient checkpointing
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, attn
