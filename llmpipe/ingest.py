@@ -53,17 +53,14 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _lines(path: Path, chunk: tuple[int, int] | None) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) of a file, or of chunk ``i`` of ``n`` (byte ranges cut at newlines)."""
-    if chunk is None or chunk[1] == 1:
+def _lines(path: Path, chunk: tuple[int, int, int] | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a file, or of one chunk ``(start, end, first_line)`` of it."""
+    if chunk is None:
         with _open_binary(path) as raw:
             yield from enumerate(raw, start=1)
         return
-    i, n = chunk
-    size = path.stat().st_size
+    start, end, first_line = chunk
     with open(path, "rb") as f:
-        start, end = _aligned(f, size * i // n), _aligned(f, size * (i + 1) // n)
-        first_line = 1 + _count_newlines(f, start)
         f.seek(start)
         pos = start
         for no, line in enumerate(f, start=first_line):
@@ -73,18 +70,26 @@ def _lines(path: Path, chunk: tuple[int, int] | None) -> Iterator[tuple[int, byt
             yield no, line
 
 
-def _aligned(f: Any, offset: int) -> int:
-    """The first line start at or after ``offset``."""
-    if offset == 0:
-        return 0
-    f.seek(offset - 1)
-    f.readline()
-    return f.tell()
+def chunk_bounds(path: Path, n: int) -> list[list[int]]:
+    """``n`` byte ranges of a file cut at line starts, with each range's first line number.
+
+    One sequential pass counts the newlines before each cut, so workers never re-read a prefix.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        cuts = sorted({_aligned(f, size * i // n) for i in range(n)} | {size})
+        bounds, line, pos = [], 1, 0
+        f.seek(0)
+        for start, end in zip(cuts, cuts[1:], strict=False):
+            line += _count_range(f, pos, start)
+            pos = start
+            bounds.append([start, end, line])
+    return bounds
 
 
-def _count_newlines(f: Any, upto: int, block: int = 1 << 22) -> int:
-    f.seek(0)
-    count, left = 0, upto
+def _count_range(f: Any, start: int, end: int, block: int = 1 << 22) -> int:
+    f.seek(start)
+    count, left = 0, end - start
     while left > 0:
         data = f.read(min(block, left))
         if not data:
@@ -92,6 +97,15 @@ def _count_newlines(f: Any, upto: int, block: int = 1 << 22) -> int:
         count += data.count(b"\n")
         left -= len(data)
     return count
+
+
+def _aligned(f: Any, offset: int) -> int:
+    """The first line start at or after ``offset``."""
+    if offset == 0:
+        return 0
+    f.seek(offset - 1)
+    f.readline()
+    return f.tell()
 
 
 def _json_loads(line: bytes) -> Any:
@@ -105,7 +119,7 @@ except ImportError:  # pragma: no cover
 
 
 def read_jsonl(path: Path, text_field: str, id_field: str | None,
-               chunk: tuple[int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
+               chunk: tuple[int, int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
     """Yield (line number, text or Bad, extra metadata) for each non-blank line."""
     for n, line in _lines(path, chunk):
         if not line.strip():
@@ -193,7 +207,7 @@ def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[
 
 
 def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
-                 chunk: tuple[int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
+                 chunk: tuple[int, int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
     if fmt == "jsonl":
         return read_jsonl(path, text_field, id_field, chunk)
     if fmt == "parquet":
@@ -205,16 +219,24 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     raise Bad(f"unsupported format {fmt!r}")
 
 
-def _chunk_bytes(path: Path, chunk: tuple[int, int] | None) -> tuple[bytes, int]:
-    """The bytes of a file or of chunk ``i`` of ``n`` (cut at newlines), and its first line number."""
+def _chunk_bytes(path: Path, chunk: tuple[int, int, int] | None) -> tuple[bytes, int]:
+    """The bytes of a file or of one chunk ``(start, end, first_line)``, and its first line number."""
     with open(path, "rb") as f:
-        if chunk is None or chunk[1] == 1:
+        if chunk is None:
             return f.read(), 1
-        size = path.stat().st_size
-        start, end = _aligned(f, size * chunk[0] // chunk[1]), _aligned(f, size * (chunk[0] + 1) // chunk[1])
-        first = 1 + _count_newlines(f, start)
-        f.seek(start)
-        return f.read(end - start), first
+        f.seek(chunk[0])
+        return f.read(chunk[1] - chunk[0]), chunk[2]
+
+
+# JSON cannot hold raw C0 controls: they arrive escaped (\u0007, \b, \f); DEL raw; C1 as UTF-8 C2 80..9F
+_CONTROL_JSON = re.compile(rb"\\u00[0189][0-9a-fA-F]|\\u007[fF]|\\[bf]|\x7f|\xc2[\x80-\x9f]")
+
+
+def _may_hold_control(data: bytes) -> bool:
+    """Whether JSON bytes can decode to a control character (cheap byte scans before a regex pass)."""
+    if b"\\" not in data and b"\x7f" not in data and b"\xc2" not in data:
+        return False
+    return _CONTROL_JSON.search(data) is not None
 
 
 _SCALAR_TYPES = ("string", "large_string", "int64", "double", "bool")
@@ -252,20 +274,22 @@ def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
     texts = table[text_field].combine_chunks()
     if cfg["normalization"] != "none":
         texts = pc.utf8_normalize(texts, form=cfg["normalization"])
-    if cfg["strip_control"]:
+    if cfg["strip_control"] and _may_hold_control(data):
         texts = pc.replace_substring_regex(texts, pattern=_CONTROL.pattern, replacement="")
     lengths = pc.utf8_length(pc.utf8_trim_whitespace(texts))
     if pc.min(lengths).as_py() < max(1, cfg["min_chars"]):
         return None
-    text_list = texts.to_pylist()
-    extra_cols = {c: table[c].to_pylist() for c in extras}
     id_field, source, rel = arg["id_field"], arg["source"], arg["rel"]
+    orig = extras.index(id_field) if id_field in extras else -1
     ids, metas = [], []
-    for row, text in enumerate(text_list):
+    rows = zip(texts.to_pylist(), *(table[c].to_pylist() for c in extras), strict=True)
+    for row, (text, *values) in enumerate(rows):
         loc = str(first_line + row)
-        meta = {"file": rel, "loc": loc, **{c: v[row] for c, v in extra_cols.items()}}
-        if id_field and id_field in extra_cols:
-            meta["orig_id"] = str(extra_cols[id_field][row])
+        meta = dict(zip(extras, values, strict=True))
+        meta.setdefault("file", rel)  # a record's own "file"/"loc" fields win, as in the line loop
+        meta.setdefault("loc", loc)
+        if orig >= 0:
+            meta["orig_id"] = str(values[orig])
         ids.append(stable_id(source, f"{rel}:{loc}", text))
         metas.append(dump_metadata(meta))
     full = pa.Table.from_arrays([pa.array(ids, pa.string()), texts, pa.array([source] * len(ids), pa.string()),
@@ -393,12 +417,14 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], d
             digest = cache.sha256(path)
             parts.append((rel, fmt, digest))
             n = _n_chunks(path, fmt, pipeline.ingest.chunk_mb)
+            bounds = cache.memo(f"chunks:{digest}:{n}", lambda p=path, k=n: chunk_bounds(p, k)) if n > 1 else []
+            n = max(1, len(bounds))
             for i in range(n):
                 units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,
                               "display": f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path),
                               "prefix": f"{src.name}-{_slug(rel)}-{digest[:8]}" + (f"-c{i:04d}" if n > 1 else ""),
                               "text_field": src.text_field, "id_field": src.id_field,
-                              "chunk": [i, n] if n > 1 else None})
+                              "chunk": bounds[i] if n > 1 else None})
         keys[f"source:{src.name}"] = hash_json(parts)
         for u in units:
             if u["source"] == src.name:

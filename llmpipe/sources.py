@@ -103,6 +103,13 @@ class HashCache:
         self.dirty = True
         return digest
 
+    def memo(self, key: str, compute: Any) -> Any:
+        """A value derived from a file's content (e.g. its chunk boundaries), keyed by its sha256."""
+        if key not in self.data:
+            self.data[key] = compute()
+            self.dirty = True
+        return self.data[key]
+
     def save(self) -> None:
         if not self.dirty:
             return

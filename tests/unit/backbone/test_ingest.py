@@ -122,7 +122,7 @@ def test_big_files_split_into_chunks_keep_every_line_once(workdir: Path) -> None
 
 
 def test_arrow_fast_path_writes_the_same_shards_as_the_line_loop(tmp_path: Path) -> None:
-    from llmpipe.ingest import fast_jsonl, ingest_file
+    from llmpipe.ingest import chunk_bounds, fast_jsonl, ingest_file
     from llmpipe.store import sha256_file
 
     recs = [{"text": f"Ｆｕｌｌ width {i}\x07 and café\u0301", "url": f"u{i}", "n": i, "ok": i % 2 == 0,
@@ -130,7 +130,8 @@ def test_arrow_fast_path_writes_the_same_shards_as_the_line_loop(tmp_path: Path)
     f = write_jsonl(tmp_path / "clean.jsonl", recs)
     cfg = {"normalization": "NFKC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 128}
     arg = {"path": str(f), "format": "jsonl", "rel": "clean.jsonl", "display": str(f), "source": "s",
-           "prefix": "s-clean", "text_field": "text", "id_field": "n", "config": cfg, "chunk": [1, 3]}
+           "prefix": "s-clean", "text_field": "text", "id_field": "n", "config": cfg,
+           "chunk": chunk_bounds(f, 3)[1]}
     fast_out, slow_out = tmp_path / "fast", tmp_path / "slow"
     assert fast_jsonl(arg, fast_out) is not None
     stats = ingest_file({**arg, "fast": False}, slow_out)
