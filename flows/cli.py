@@ -157,8 +157,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flows import ops
 
-    result = ops.deploy(state_dir=args.state_dir, timezone=args.timezone) if args.timezone else \
-        ops.deploy(state_dir=args.state_dir)
+    result = ops.deploy(state_dir=args.state_dir, timezone=args.timezone)
     if result is not None:
         print(json.dumps(result, indent=1, default=str) if not isinstance(result, str) else result)
     return EXIT_OK

@@ -58,7 +58,6 @@ class IngestConfig(Section):
     min_chars: int = Field(1, ge=0, description="shorter texts (after stripping) are quarantined as empty")
     max_docs_per_shard: int = Field(20000, gt=0, description="documents per output Parquet shard")
     chunk_mb: float = Field(16, gt=0, description="uncompressed JSONL files are split into chunks of this size")
-    read_batch_lines: int = run_setting(8192, gt=0)
 
 
 class RunnerConfig(Section):

@@ -167,9 +167,9 @@ class StageContext:
         if todo:
             jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
             done = 0
-            for _ in _chunks(jobs, max(1, self.workers * 4)):
-                self.map(_run_shard_job, _)
-                done += len(_)
+            for batch in _chunks(jobs, max(1, self.workers * 4)):
+                self.map(_run_shard_job, batch)
+                done += len(batch)
                 self.progress(desc, done, len(jobs))
         results = []
         for k, _a in items:

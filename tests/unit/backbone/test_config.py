@@ -50,7 +50,7 @@ def test_duplicate_source_names_rejected() -> None:
 def test_run_only_settings_do_not_change_keys(workdir: Path) -> None:
     base = {"sources": [{"name": "b", "path": "builtin:tiny"}]}
     a = plan(load_config(None, data=base))
-    b = plan(load_config(None, ["runner.workers=7", "ingest.read_batch_lines=99"], data=base))
+    b = plan(load_config(None, ["runner.workers=7", "runner.dask_workers=5"], data=base))
     c = plan(load_config(None, ["ingest.normalization=NFKC"], data=base))
     assert {k: v.key for k, v in a.items()} == {k: v.key for k, v in b.items()}
     assert a["ingest"].key != c["ingest"].key

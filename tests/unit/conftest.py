@@ -1,4 +1,5 @@
-"""Fixtures: real tokenizer/tokenize artifacts and a tiny Llama trained on them (built once per session)."""
+"""Fixtures shared by the evaluation and quantization tests: real tokenizer/tokenize artifacts and a tiny
+Llama trained on them (built once per session, only when a test asks for them)."""
 
 from __future__ import annotations
 
