@@ -1,9 +1,14 @@
 """Ingest throughput: llmpipe's ``ingest`` stage vs ``datasets.load_dataset("json") + to_parquet``.
 
-Both read the same generated JSONL (default ~200 MB) and write Parquet. We do more per document
-(stable ids, Unicode normalization, control characters, quarantine bookkeeping, manifest hashing).
+Both read the same generated JSONL (default ~200 MB) and write Parquet. We do more: the source is
+content-hashed (its sha256 keys the artifact), and per document a stable id (sha256), Unicode
+normalization, control characters, quarantine bookkeeping; then the manifest hashes every shard.
 
-    python benchmarks/ingest.py [--mb 200] [--workers 2]
+    python benchmarks/ingest.py [--mb 200] [--workers 2] [--repeat 1]
+
+``--repeat N`` runs both sides N times, interleaved (the order alternates), each time on fresh cache
+and output folders, and rates the best time of each side: on a shared machine the other load then
+weighs less on the ratio. CPU seconds (this process and its workers) are printed beside each time.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 import argparse  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -64,6 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved runs of each side; the best counts")
     args = ap.parse_args()
     import datasets  # noqa: F401 - imports are not throughput: load both sides' modules before timing
 
@@ -75,12 +82,29 @@ def main() -> None:
         path = work / "corpus.jsonl"
         n = make_corpus(path, args.mb)
         print(f"corpus: {n} docs, {path.stat().st_size / 2**20:.0f} MB")
-        t_peer, n_peer = timed(lambda: peer(path, work))
-        t_ours, n_ours = timed(lambda: ours(path, work, args.workers))
-        assert n_ours == n_peer == n, (n_ours, n_peer, n)
+        sides = {"peer": lambda w: peer(path, w), "ours": lambda w: ours(path, w, args.workers)}
+        best: dict[str, float] = {}
+        for rep in range(max(1, args.repeat)):
+            order = ["peer", "ours"] if rep % 2 == 0 else ["ours", "peer"]
+            for side in order:
+                w = work / f"{side}-{rep}"
+                w.mkdir()
+                cpu0 = _cpu()
+                t, count = timed(lambda s=side, d=w: sides[s](d))
+                assert count == n, (side, count, n)
+                print(f"run {rep + 1} {side}: {t:.2f} s, {_cpu() - cpu0:.2f} cpu-s")
+                best[side] = min(best.get(side, t), t)
+                shutil.rmtree(w)
+        t_peer, t_ours = best["peer"], best["ours"]
         print(f"datasets json+to_parquet: {n / t_peer:,.0f} docs/s ({t_peer:.1f} s)")
         print(f"llmpipe ingest ({args.workers} workers): {n / t_ours:,.0f} docs/s ({t_ours:.1f} s)")
         result("ingest_vs_datasets", t_peer / t_ours, ">=", 0.8)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its finished children (the ingest workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 if __name__ == "__main__":

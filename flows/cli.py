@@ -234,7 +234,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fast_exit() -> None:
+    """Skip the garbage collector's passes over every object at interpreter exit.
+
+    Prefect and pydantic leave hundreds of thousands of objects behind; the collections Python runs
+    while tearing the interpreter down cost about half a second of a no-change rerun, to reclaim
+    memory the process is about to return anyway. Registered first, so it runs after every other
+    exit handler (Prefect's log and event flushes included); reference counting still frees
+    objects, closes files and runs finalizers as usual.
+    """
+    import atexit
+    import gc
+
+    atexit.unregister(gc.freeze)  # once, however often main() runs in one process (tests)
+    atexit.register(gc.freeze)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _fast_exit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -8,6 +8,7 @@ and the reason, so ``read = ingested + quarantined`` holds for each file and for
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -15,16 +16,17 @@ import re
 import shutil
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from llmpipe.document import SCHEMA, Document, dump_metadata, stable_id, write_shard, write_table
+from llmpipe.document import ID_BYTES, Document, shard_schema, stable_id, write_shard, write_table
 from llmpipe.sources import HashCache, source_files
 from llmpipe.stage import StageContext, link_file, stage
 from llmpipe.store import hash_json
 
-VERSION = "1"
+VERSION = "2"  # 2: sha256 ids; snappy shards, dictionary only on the source column
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
@@ -53,13 +55,13 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _lines(path: Path, chunk: tuple[int, int, int] | None) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) of a file, or of one chunk ``(start, end, first_line)`` of it."""
+def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a file, or of one chunk ``(start, end, first_line, ...)`` of it."""
     if chunk is None:
         with _open_binary(path) as raw:
             yield from enumerate(raw, start=1)
         return
-    start, end, first_line = chunk
+    start, end, first_line = chunk[:3]
     with open(path, "rb") as f:
         f.seek(start)
         pos = start
@@ -71,41 +73,52 @@ def _lines(path: Path, chunk: tuple[int, int, int] | None) -> Iterator[tuple[int
 
 
 def chunk_bounds(path: Path, n: int) -> list[list[int]]:
-    """``n`` byte ranges of a file cut at line starts, with each range's first line number.
+    """``n`` byte ranges of a file cut at line starts: ``[start, end, first_line, newlines]`` each."""
+    return scan_file(path, n, digest=False)[1]
 
-    One sequential pass counts the newlines before each cut, so workers never re-read a prefix.
+
+def scan_file(path: Path, n: int, digest: bool = True, block: int = 1 << 20) -> tuple[str, list[list[int]]]:
+    """The sha256 of a file and its ``n`` chunk ranges (see ``chunk_bounds``), from one read of it.
+
+    A cut falls after the first newline at or after ``size * i / n``. Counting the newlines before
+    each cut means workers never re-read a prefix to number their lines (nor count their own). The
+    hash runs in a thread (hashlib frees the GIL) while this one counts, on two alternating buffers.
     """
+    import numpy as np
+
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        cuts = sorted({_aligned(f, size * i // n) for i in range(n)} | {size})
-        bounds, line, pos = [], 1, 0
-        f.seek(0)
-        for start, end in zip(cuts, cuts[1:], strict=False):
-            line += _count_range(f, pos, start)
-            pos = start
-            bounds.append([start, end, line])
-    return bounds
-
-
-def _count_range(f: Any, start: int, end: int, block: int = 1 << 22) -> int:
-    f.seek(start)
-    count, left = 0, end - start
-    while left > 0:
-        data = f.read(min(block, left))
-        if not data:
-            break
-        count += data.count(b"\n")
-        left -= len(data)
-    return count
-
-
-def _aligned(f: Any, offset: int) -> int:
-    """The first line start at or after ``offset``."""
-    if offset == 0:
-        return 0
-    f.seek(offset - 1)
-    f.readline()
-    return f.tell()
+    targets = sorted({size * i // n - 1 for i in range(1, n) if size * i // n > 0})
+    starts = {0: 1}  # cut offset -> line number there
+    h = hashlib.sha256()
+    bufs = (bytearray(block), bytearray(block))
+    nl = np.empty(block, dtype=bool)  # numpy counts newlines 5x faster than bytes.count
+    pos, line, t, job, turn = 0, 1, 0, None, 0
+    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(1) as pool:
+        while got := f.readinto(bufs[turn]):
+            buf = bufs[turn]
+            np.equal(np.frombuffer(buf, np.uint8), 10, out=nl)
+            if job is not None:
+                job.result()  # the other buffer is free again once its hash update is done
+            if digest:
+                job = pool.submit(h.update, memoryview(buf)[:got])
+            done = 0  # newlines of buf[:done] are counted in ``line``
+            while t < len(targets) and targets[t] < pos + got:
+                k = buf.find(b"\n", max(targets[t] - pos, 0), got)
+                if k < 0:
+                    break  # the cut lies in a later block
+                if k + 1 > done:
+                    line += int(np.count_nonzero(nl[done: k + 1]))
+                    done = k + 1
+                    starts[pos + done] = line
+                t += 1
+            line += int(np.count_nonzero(nl[done:got]))
+            pos, turn = pos + got, 1 - turn
+        if job is not None:
+            job.result()
+    starts[size] = line
+    cuts = sorted(starts)
+    bounds = [[a, b, starts[a], starts[b] - starts[a]] for a, b in zip(cuts, cuts[1:], strict=False)]
+    return (h.hexdigest() if digest else ""), bounds
 
 
 def _json_loads(line: bytes) -> Any:
@@ -119,7 +132,7 @@ except ImportError:  # pragma: no cover
 
 
 def read_jsonl(path: Path, text_field: str, id_field: str | None,
-               chunk: tuple[int, int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
+               chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
     """Yield (line number, text or Bad, extra metadata) for each non-blank line."""
     for n, line in _lines(path, chunk):
         if not line.strip():
@@ -207,7 +220,7 @@ def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[
 
 
 def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
-                 chunk: tuple[int, int, int] | None = None) -> Iterator[tuple[str, Any, dict]]:
+                 chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
     if fmt == "jsonl":
         return read_jsonl(path, text_field, id_field, chunk)
     if fmt == "parquet":
@@ -219,13 +232,18 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     raise Bad(f"unsupported format {fmt!r}")
 
 
-def _chunk_bytes(path: Path, chunk: tuple[int, int, int] | None) -> tuple[bytes, int]:
-    """The bytes of a file or of one chunk ``(start, end, first_line)``, and its first line number."""
+def _chunk_bytes(path: Path, chunk: list[int] | None) -> tuple[bytes, int, int]:
+    """The bytes of a file or of one chunk (see ``chunk_bounds``), its first line number and its
+    number of lines."""
     with open(path, "rb") as f:
         if chunk is None:
-            return f.read(), 1
-        f.seek(chunk[0])
-        return f.read(chunk[1] - chunk[0]), chunk[2]
+            data = f.read()
+            newlines = data.count(b"\n")
+        else:
+            f.seek(chunk[0])
+            data = f.read(chunk[1] - chunk[0])
+            newlines = chunk[3]
+    return data, (chunk[2] if chunk else 1), newlines + (0 if not data or data.endswith(b"\n") else 1)
 
 
 # JSON cannot hold raw C0 controls: they arrive escaped (\u0007, \b, \f); DEL raw; C1 as UTF-8 C2 80..9F
@@ -240,64 +258,229 @@ def _may_hold_control(data: bytes) -> bool:
 
 
 _SCALAR_TYPES = ("string", "large_string", "int64", "double", "bool")
+_ESCAPED_CR = re.compile(rb"\\r|\\u000[dD]")
+_JSON_ESCAPE = r'["\\\x00-\x1f]'  # what a JSON encoder escapes inside a string (RE2 syntax)
+DICTIONARY_COLUMNS = ("source",)  # the other columns are unique per row: a dictionary only costs time
+# Ingest writes every byte of every source once: snappy compresses at about twice zstd's speed (and
+# reads back faster in the next stage) for shards about 1.5x larger; later stages write zstd.
+COMPRESSION = "snappy"
 
 
 def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
     """Arrow's multithreaded JSON reader for clean JSONL: the same shards as the line loop, faster.
 
-    Returns None (the caller then reads line by line, with exact quarantine reasons) as soon as
-    anything is not plainly clean: a parse error, blank or CRLF lines, a missing or non-string text,
-    nested or partly missing extra fields, or a text that would be quarantined as empty.
+    Ids, line numbers and metadata JSON are built column-wise on the Arrow buffers (no Python object
+    per document, apart from one hash call). Returns None (the caller then reads line by line, with
+    exact quarantine reasons) as soon as anything is not plainly clean: a parse error, blank or CRLF
+    lines, a missing or non-string text, nested or partly missing extra fields, a float that could
+    have been written as an integer, or a text that would be quarantined as empty.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.json as pajson
 
     path, cfg, text_field = Path(arg["path"]), arg["config"], arg["text_field"]
     if arg["format"] != "jsonl" or path.name.lower().endswith((".gz", ".zst")):
         return None
-    data, first_line = _chunk_bytes(path, tuple(arg["chunk"]) if arg.get("chunk") else None)
-    if not data or b"\r" in data or b"\n\n" in data or data.startswith(b"\n"):
+    data, first_line, n_lines = _chunk_bytes(path, arg.get("chunk"))
+    if not data or b"\r" in data:
         return None
     try:
         table = pajson.read_json(pa.py_buffer(data), read_options=pajson.ReadOptions(block_size=1 << 24))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    names = table.column_names
+    names = table.column_names  # blank lines yield no row: fewer rows than lines
     if table.num_rows != n_lines or text_field not in names or not pa.types.is_string(table[text_field].type):
         return None
     extras = [c for c in names if c != text_field]
     if table[text_field].null_count or any(
             str(table[c].type) not in _SCALAR_TYPES or table[c].null_count for c in extras):
         return None
-    texts = table[text_field].combine_chunks()
-    if cfg["normalization"] != "none":
+    texts = _clean_texts(table[text_field].combine_chunks(), cfg, data)
+    if not _long_enough(texts, cfg["min_chars"]):
+        return None
+    source, rel = arg["source"], arg["rel"]
+    locs = _line_numbers(first_line, len(texts))
+    metas = _metadata_json(table, extras, locs, rel, arg["id_field"], data)
+    if metas is None:
+        return None
+    ids = _stable_ids(source, rel, locs, texts)
+    full = pa.Table.from_arrays([ids, texts, _repeat(source, len(texts)), metas], schema=shard_schema())
+    step = cfg["max_docs_per_shard"]
+    for k, start in enumerate(range(0, full.num_rows, step)):
+        write_table(out / "shards" / f"{arg['prefix']}-{k:05d}.parquet", full.slice(start, step),
+                    dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
+    return {"read": full.num_rows, "ingested": full.num_rows, "quarantined": 0, "reasons": {}, "fast": True}
+
+
+def _clean_texts(texts: Any, cfg: dict[str, Any], data: bytes) -> Any:
+    """``normalize`` on a whole column; a pass runs only when the raw bytes can need it."""
+    import pyarrow.compute as pc
+
+    escapes = b"\\" in data
+    if escapes and _ESCAPED_CR.search(data):  # raw CR bytes were declined: only escaped ones
+        texts = pc.replace_substring(pc.replace_substring(texts, "\r\n", "\n"), "\r", "\n")
+    if cfg["normalization"] != "none" and not (  # ASCII is its own NFC and NFKC: skip the pass
+            data.isascii() and (not escapes or pc.all(pc.string_is_ascii(texts)).as_py())):
         texts = pc.utf8_normalize(texts, form=cfg["normalization"])
     if cfg["strip_control"] and _may_hold_control(data):
         texts = pc.replace_substring_regex(texts, pattern=_CONTROL.pattern, replacement="")
-    lengths = pc.utf8_length(pc.utf8_trim_whitespace(texts))
-    if pc.min(lengths).as_py() < max(1, cfg["min_chars"]):
+    return texts
+
+
+def _long_enough(texts: Any, min_chars: int) -> bool:
+    """Whether no text would be quarantined as empty (``len(text.strip()) < max(1, min_chars)``)."""
+    import pyarrow.compute as pc
+
+    if min_chars <= 1:  # only empty or all-whitespace texts fall short; Arrow's spaces are Python's
+        return pc.min(pc.binary_length(texts)).as_py() > 0 and not pc.any(pc.utf8_is_space(texts)).as_py()
+    return pc.min(pc.utf8_length(pc.utf8_trim_whitespace(texts))).as_py() >= min_chars
+
+
+def _string_array(values: list[bytes]) -> Any:
+    """A string array built from its buffers (``pa.array`` on Python objects imports pandas: ~1 s)."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
+    return pa.Array.from_buffers(pa.large_string(), len(values), buffers).cast(pa.string())
+
+
+def _scalar(value: str) -> Any:
+    return _string_array([value.encode()])[0]
+
+
+def _repeat(value: str, n: int) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    raw = value.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
+
+
+def _line_numbers(first: int, n: int) -> Any:
+    """``str(first + row)`` for each row, as a string column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    numbers = np.arange(first, first + n, dtype=np.int64)
+    return pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(numbers)]), pa.string())
+
+
+def _stable_ids(source: str, rel: str, locs: Any, texts: Any) -> Any:
+    """``stable_id(source, f"{rel}:{loc}", text)`` per row: the messages are joined column-wise, then one
+    sha256 call per row on a slice of the joined buffer, and the hex formatting is done once for all."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def scalar(b: bytes) -> Any:
+        return _string_array([b])[0].cast(pa.large_binary())
+
+    msgs = pc.binary_join_element_wise(
+        scalar(f"{source}\x00{rel}:".encode("utf-8", "surrogatepass")), locs.cast(pa.large_binary()),
+        scalar(b"\x00"), texts.cast(pa.large_binary()), scalar(b"\x00"), scalar(b""))
+    n = len(msgs)
+    offs = np.frombuffer(msgs.buffers()[1], np.int64)[msgs.offset: msgs.offset + n + 1].tolist()
+    buf, sha = memoryview(msgs.buffers()[2]), hashlib.sha256
+    joined = b"".join([sha(buf[a:b]).digest() for a, b in zip(offs[:-1], offs[1:], strict=True)])
+    digests = np.frombuffer(joined, np.uint8)
+    hexed = digests.reshape(n, 32)[:, :ID_BYTES].tobytes().hex().encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * (2 * ID_BYTES)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(hexed)])
+
+
+def _metadata_json(table: Any, extras: list[str], locs: Any, rel: str, id_field: str | None,
+                   data: bytes) -> Any:
+    """``dump_metadata({"file": rel, "loc": loc, **extra, "orig_id": ...})`` per row, column-wise:
+    sorted keys, each value's JSON token as a column, joined. None where that cannot match exactly."""
+    try:
+        rel.encode()
+    except UnicodeEncodeError:
         return None
-    id_field, source, rel = arg["id_field"], arg["source"], arg["rel"]
-    orig = extras.index(id_field) if id_field in extras else -1
-    ids, metas = [], []
-    rows = zip(texts.to_pylist(), *(table[c].to_pylist() for c in extras), strict=True)
-    for row, (text, *values) in enumerate(rows):
-        loc = str(first_line + row)
-        meta = dict(zip(extras, values, strict=True))
-        meta.setdefault("file", rel)  # a record's own "file"/"loc" fields win, as in the line loop
-        meta.setdefault("loc", loc)
-        if orig >= 0:
-            meta["orig_id"] = str(values[orig])
-        ids.append(stable_id(source, f"{rel}:{loc}", text))
-        metas.append(dump_metadata(meta))
-    full = pa.Table.from_arrays([pa.array(ids, pa.string()), texts, pa.array([source] * len(ids), pa.string()),
-                                 pa.array(metas, pa.string())], schema=SCHEMA)
-    step = cfg["max_docs_per_shard"]
-    for k, start in enumerate(range(0, full.num_rows, step)):
-        write_table(out / "shards" / f"{arg['prefix']}-{k:05d}.parquet", full.slice(start, step))
-    return {"read": full.num_rows, "ingested": full.num_rows, "quarantined": 0, "reasons": {}, "fast": True}
+    cols: dict[str, Any] = {"file": _dumps(rel), "loc": _join('"', locs, '"')}
+    for c in extras:  # a record's own "file"/"loc" fields win, as in the line loop
+        cols[c] = _json_tokens(table[c].combine_chunks(), c, data)
+    if id_field and id_field in extras:
+        cols["orig_id"] = _orig_id_tokens(table[id_field].combine_chunks(), id_field, data)
+    if any(v is None for v in cols.values()):
+        return None
+    item_sep, key_sep = _separators()
+    parts: list[Any] = []
+    for i, key in enumerate(sorted(cols)):
+        parts += ["{" if i == 0 else item_sep, _dumps(key), key_sep, cols[key]]
+    return _join(*parts, "}")
+
+
+def _join(*parts: Any) -> Any:
+    """Concatenate string columns and str constants row by row (adjacent constants merged first)."""
+    import pyarrow.compute as pc
+
+    merged: list[Any] = []
+    for p in parts:
+        if isinstance(p, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += p
+        else:
+            merged.append(p)
+    columns = [_scalar(p) if isinstance(p, str) else p for p in merged]
+    return pc.binary_join_element_wise(*columns, _scalar(""))
+
+
+def _dumps(value: Any) -> str:
+    """JSON of one value as ``dump_metadata`` writes it inside a dict (orjson, else json)."""
+    return _orjson.dumps(value).decode() if _orjson is not None else json.dumps(value, ensure_ascii=False)
+
+
+def _separators() -> tuple[str, str]:
+    """``dump_metadata``'s item and key separators: orjson is compact, json puts a space after each."""
+    return (",", ":") if _orjson is not None else (", ", ": ")
+
+
+def _all_float_literals(data: bytes, key: str, rows: int) -> bool:
+    """Whether each row spells ``key``'s number as a float (``1.0``, ``1e3``), never as an int (``1``):
+    the line loop writes ``1`` for an int that Arrow reads into a float column. Inside JSON strings a
+    quote is escaped, so the pattern only meets keys; a key spelled with escapes is not counted (the
+    count falls short and the caller declines)."""
+    pattern = re.escape(_dumps(key).encode()) + rb"\s*:\s*-?[0-9]+(?:\.[0-9]|[eE])"
+    return sum(1 for _ in re.finditer(pattern, data)) == rows
+
+
+def _json_tokens(col: Any, key: str, data: bytes) -> Any:
+    """Each value's JSON text as ``dump_metadata`` writes it, or None (the line loop then decides)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = str(col.type)
+    if kind in ("int64", "bool"):
+        return pc.cast(col, pa.string())
+    if kind == "double":  # an integral float may stand for an int literal (1, not 1.0) in the file
+        if pc.any(pc.equal(col, pc.floor(col))).as_py() and not _all_float_literals(data, key, len(col)):
+            return None
+        raw = _dumps(col.to_pylist())  # one call; a float's JSON never holds a comma
+        return _string_array([t.encode() for t in raw[1:-1].split(_separators()[0])])
+    col = col.cast(pa.string())
+    if pc.any(pc.match_substring_regex(col, _JSON_ESCAPE)).as_py():
+        return _string_array([_dumps(v).encode() for v in col.to_pylist()])
+    return _join('"', col, '"')
+
+
+def _orig_id_tokens(col: Any, key: str, data: bytes) -> Any:
+    """JSON of ``str(value)`` of the id field: ``orig_id`` in the metadata."""
+    import pyarrow.compute as pc
+
+    kind = str(col.type)
+    if kind == "int64":
+        return _join('"', pc.cast(col, "string"), '"')
+    if kind == "bool":
+        return pc.if_else(col, _scalar('"True"'), _scalar('"False"'))
+    if kind == "double":  # str(float) is Python's own formatting: leave it to the line loop
+        return None
+    return _json_tokens(col, key, data)
 
 
 def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -318,7 +501,8 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
     def flush() -> None:
         nonlocal docs, shard_no
         if docs:
-            write_shard(out / "shards" / f"{arg['prefix']}-{shard_no:05d}.parquet", docs)
+            write_shard(out / "shards" / f"{arg['prefix']}-{shard_no:05d}.parquet", docs,
+                        dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
             shard_no += 1
             docs = []
 
@@ -355,6 +539,15 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
     return {"read": read, "ingested": ingested, "quarantined": len(quarantine), "reasons": dict(reasons)}
 
 
+def _import_for_workers() -> None:
+    """Import what the shard workers use here, once: forked workers then share it instead of each
+    paying the import (about half a second) before its first chunk."""
+    import numpy  # noqa: F401
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.json  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+
 @stage("ingest", version=VERSION, config_field="ingest", flow="data_refresh")
 def run_ingest(ctx: StageContext) -> dict[str, Any]:
     """Read every declared source into normalized Document shards; quarantine bad records."""
@@ -365,6 +558,7 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
         shard_key = hash_json(["ingest", VERSION, arg["config"], u["source"], u["rel"], u["format"],
                                u["text_field"], u["id_field"], u["sha256"], u.get("chunk")])
         items.append((shard_key, arg))
+    _import_for_workers()
     results = ctx.cached_map(ingest_file, items, desc="ingest files")
     totals: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
@@ -405,6 +599,16 @@ def _n_chunks(path: Path, fmt: str, chunk_mb: float) -> int:
     return max(1, math.ceil(path.stat().st_size / (chunk_mb * (1 << 20))))
 
 
+def _scan_and_remember(cache: HashCache, n: int) -> Callable[[Path], str]:
+    """A file's sha256 that also leaves its chunk bounds in the cache: one read of the file, not two."""
+    def compute(path: Path) -> str:
+        digest, bounds = scan_file(path, n)
+        cache.memo(f"chunks2:{digest}:{n}", lambda: bounds)
+        return digest
+
+    return compute
+
+
 def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The files to ingest and each source's content key (``source:<name>`` inputs of the stage)."""
     cache = HashCache(state_dir / "source-hashes.json")
@@ -414,10 +618,10 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], d
         files = source_files(src, pipeline.base_dir(), state_dir)
         parts = []
         for path, fmt, rel in files:
-            digest = cache.sha256(path)
-            parts.append((rel, fmt, digest))
             n = _n_chunks(path, fmt, pipeline.ingest.chunk_mb)
-            bounds = cache.memo(f"chunks:{digest}:{n}", lambda p=path, k=n: chunk_bounds(p, k)) if n > 1 else []
+            digest = cache.sha256(path, compute=_scan_and_remember(cache, n) if n > 1 else None)
+            parts.append((rel, fmt, digest))
+            bounds = cache.memo(f"chunks2:{digest}:{n}", lambda p=path, k=n: chunk_bounds(p, k)) if n > 1 else []
             n = max(1, len(bounds))
             for i in range(n):
                 units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,

@@ -53,13 +53,15 @@ class PlannedStage:
         return self.spec.name
 
 
-def state_dir(cfg: PipelineConfig) -> Path:
-    p = Path(cfg.state_dir)
+def state_dir(cfg: PipelineConfig | dict[str, Any]) -> Path:
+    p = Path(cfg["state_dir"] if isinstance(cfg, dict) else cfg.state_dir)
     return p if p.is_absolute() else Path.cwd() / p
 
 
-def open_store(cfg: PipelineConfig) -> ArtifactStore:
-    return ArtifactStore(cfg.store, cache_dir=state_dir(cfg) / "store-cache")
+def open_store(cfg: PipelineConfig | dict[str, Any]) -> ArtifactStore:
+    """The config's store; also from a dumped config (a cache-key check need not re-validate it)."""
+    root = cfg["store"] if isinstance(cfg, dict) else cfg.store
+    return ArtifactStore(root, cache_dir=state_dir(cfg) / "store-cache")
 
 
 def section(cfg: PipelineConfig, spec: StageSpec) -> Any:

@@ -113,7 +113,8 @@ class DaskRunner:
             self._client = Client(self.scheduler_address, set_as_default=False)
         return self._client
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
         items = list(items)
         if not items:
             return []
@@ -121,9 +122,9 @@ class DaskRunner:
             from distributed import worker_client
 
             with worker_client() as wc:
-                return list(wc.gather(wc.map(fn, items, pure=False)))
+                return _gather(wc, wc.map(fn, items, pure=False), on_done)
         client = self.client()
-        return list(client.gather(client.map(fn, items, pure=False)))
+        return _gather(client, client.map(fn, items, pure=False), on_done)
 
     def close(self) -> None:
         """Close this runner's client (the shared LocalCluster stays up until exit)."""
@@ -136,6 +137,16 @@ class DaskRunner:
         state = dict(self.__dict__)
         state["_client"] = None
         return state
+
+
+def _gather(client: Any, futures: list[Any], on_done: Callable[[int], None] | None) -> list[Any]:
+    """Results in item order, reporting progress as futures finish (raises the first error)."""
+    if on_done is not None:
+        from distributed import as_completed
+
+        for n, _ in enumerate(as_completed(futures, loop=client.loop, raise_errors=False), 1):
+            on_done(n)
+    return list(client.gather(futures))
 
 
 def shard_runner_from_config(runner_cfg: Any) -> ShardRunner:

@@ -12,6 +12,7 @@ import glob as _glob
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,9 @@ class HashCache:
             self.data = {}
         self.dirty = False
 
-    def sha256(self, f: Path) -> str:
+    def sha256(self, f: Path, compute: Callable[[Path], str] | None = None) -> str:
+        """``compute`` (default: ``sha256_file``) runs on a miss; ingest passes one that also finds
+        chunk bounds in the same read."""
         if f.is_dir():  # a datasets folder: hash of its files
             parts = [(p.relative_to(f).as_posix(), self.sha256(p)) for p in sorted(f.rglob("*")) if p.is_file()]
             return hash_json(parts)
@@ -98,7 +101,7 @@ class HashCache:
         hit = self.data.get(k)
         if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
             return hit[2]
-        digest = sha256_file(f)
+        digest = (compute or sha256_file)(f)
         self.data[k] = [st.st_size, st.st_mtime_ns, digest]
         self.dirty = True
         return digest

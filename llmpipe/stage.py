@@ -9,20 +9,44 @@ Prefect: they report progress, tables and images through the context.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import time
+import types
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger("llmpipe")
+
+
+class _LazyModule(types.ModuleType):
+    """Stands in for a module until its first attribute is read; then imports it and mirrors it."""
+
+    def __getattr__(self, attr: str) -> Any:
+        mod = importlib.import_module(self.__name__)
+        # copy the namespace so later reads are plain dict hits (hot loops pay nothing after the first)
+        self.__dict__.update({k: v for k, v in vars(mod).items() if k != "__getattr__"})
+        return getattr(mod, attr)
+
+
+def lazy_import(name: str) -> Any:
+    """``np = lazy_import("numpy")``: the import happens when the stage first uses ``np``, not on import.
+
+    Every ``llmpipe`` command (``status``, a cached rerun) imports all stage modules to learn the DAG;
+    a stage module that imports torch, numba or pyarrow at the top would make each of them pay seconds
+    for libraries only a running stage needs. Already imported modules are returned as they are.
+    """
+    return sys.modules.get(name) or _LazyModule(name)
+
 
 FLOWS = ("data_refresh", "pretrain", "release")
 
@@ -72,7 +96,10 @@ class ShardRunner(Protocol):
 
     workers: int
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
+        """Results in item order; ``on_done(finished_count)`` is called as items finish."""
+        ...
 
 
 class LocalRunner:
@@ -81,13 +108,24 @@ class LocalRunner:
     def __init__(self, workers: int = 1) -> None:
         self.workers = max(1, int(workers))
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
         items = list(items)
         if self.workers == 1 or len(items) <= 1:
-            return [fn(x) for x in items]
+            out = []
+            for x in items:
+                out.append(fn(x))
+                if on_done is not None:
+                    on_done(len(out))
+            return out
+        # one pool for every item: a fresh worker pays its warm-up once, not once per batch
         ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=min(self.workers, len(items)), mp_context=ctx) as pool:
-            return list(pool.map(fn, items))
+            futures = [pool.submit(fn, x) for x in items]
+            for n, _ in enumerate(as_completed(futures), 1):
+                if on_done is not None:
+                    on_done(n)
+            return [f.result() for f in futures]
 
 
 @dataclass
@@ -126,9 +164,10 @@ class StageContext:
     def workers(self) -> int:
         return self.runner.workers
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
         """Run ``fn`` over items on the shard runner (process pool or Dask)."""
-        return self.runner.map(fn, items)
+        return self.runner.map(fn, items, on_done)
 
     def progress(self, desc: str, done: int, total: int) -> None:
         if self.on_progress is not None:
@@ -166,11 +205,7 @@ class StageContext:
                       len(items) - len(todo), len(todo))
         if todo:
             jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
-            done = 0
-            for batch in _chunks(jobs, max(1, self.workers * 4)):
-                self.map(_run_shard_job, batch)
-                done += len(batch)
-                self.progress(desc, done, len(jobs))
+            self.map(_run_shard_job, jobs, lambda n: self.progress(desc, n, len(jobs)))
         results = []
         for k, _a in items:
             d = self.shard_dir(k)
@@ -179,10 +214,6 @@ class StageContext:
 
 
 _DONE = "_DONE.json"
-
-
-def _chunks(seq: list[Any], n: int) -> list[list[Any]]:
-    return [seq[i : i + n] for i in range(0, len(seq), n)]
 
 
 def _run_shard_job(job: tuple[Callable[[Any, Path], dict[str, Any]], Any, str]) -> None:

@@ -163,10 +163,24 @@ class ArtifactStore:
     # -- writing ----------------------------------------------------------------------------------
     def publish(self, stage: str, key: str, tmp: Path, *, version: str, config: Any,
                 inputs: dict[str, str], stats: dict[str, Any], started: float) -> Artifact:
-        """Hash every file of ``tmp``, write the manifest last, and move the directory into place."""
+        """Hash every file of ``tmp``, write the manifest last, and move the directory into place.
+
+        A file hard-linked from an earlier artifact of this stage (a refresh's reused shards and
+        index) keeps that artifact's sha256 when it is the very same file (same device and inode)
+        and its (size, mtime, inode) still match the stamp taken when that sha256 was computed or
+        verified: the trust ``verify_files`` already places in stamps. Everything else is hashed.
+        """
         paths = [f for f in sorted(tmp.rglob("*")) if f.is_file() and f.name != MANIFEST]
+        known = self._stamped_digests(stage)
+
+        def digest(f: Path) -> str:
+            hit = known.get(_fingerprint(f))
+            if hit is not None and hit[1].is_file() and os.path.samefile(hit[1], f):
+                return hit[0]
+            return sha256_file(f)
+
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # hashlib frees the GIL
-            digests = list(pool.map(sha256_file, paths))
+            digests = list(pool.map(digest, paths))
         files = {f.relative_to(tmp).as_posix(): {"sha256": h, "bytes": f.stat().st_size}
                  for f, h in zip(paths, digests, strict=True)}
         manifest = {
@@ -191,6 +205,21 @@ class ArtifactStore:
             self.fs.mv(rtmp, remote, recursive=True)
         self._write_stamp(stage, key, manifest)
         return Artifact(stage, key, final, manifest)
+
+    def _stamped_digests(self, stage: str) -> dict[tuple[int, int, int], tuple[str, Path]]:
+        """(size, mtime, inode) -> (sha256, path) for the stamped files of this stage's local artifacts."""
+        out: dict[tuple[int, int, int], tuple[str, Path]] = {}
+        for sp in sorted((self.local / stage / ".stamps").glob("*.json")):
+            try:  # local files only: a remote store is never contacted here
+                manifest = json.loads((self.path(stage, sp.stem) / MANIFEST).read_text())
+                stamp = json.loads(sp.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            files, base = manifest.get("files", {}), self.path(stage, sp.stem)
+            for rel, fp in stamp.items():
+                if rel in files and isinstance(fp, list) and len(fp) == 3:
+                    out[(fp[0], fp[1], fp[2])] = (files[rel]["sha256"], base / rel)
+        return out
 
     def _write_stamp(self, stage: str, key: str, manifest: dict[str, Any]) -> None:
         base = self.path(stage, key)

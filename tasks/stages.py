@@ -25,6 +25,7 @@ from prefect.artifacts import (
 )
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
+from prefect.utilities.annotations import quote
 
 from llmpipe.config import PipelineConfig
 from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, make_shard_runner, open_store
@@ -35,12 +36,16 @@ RESULTS_DIR = "_prefect_results"
 
 
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    cfg = PipelineConfig.model_validate(parameters["config"])
     name, key = parameters["stage"], parameters["key"]
-    store = open_store(cfg)
+    store = open_store(_unquoted(parameters["config"]))  # the dumped config was validated by the flow
     if store.get(name, key) is None:  # missing or no longer verifies: forget Prefect's record, run again
         (store.local / RESULTS_DIR / f"{name}-{key}").unlink(missing_ok=True)
     return f"{name}-{key}"
+
+
+def _unquoted(value: Any) -> Any:
+    """The value inside a ``prefect.utilities.annotations.quote`` (the flow passes big inputs quoted)."""
+    return value.unquote() if isinstance(value, quote) else value
 
 
 def _io_only(task: Any, task_run: Any, state: Any) -> bool:
@@ -101,22 +106,80 @@ def stage_task_for(cfg: PipelineConfig) -> Any:
     return run_stage.with_options(result_storage=results)  # a Path: no server-side block needed
 
 
-def publish_reports(art: Artifact, stage: str) -> None:
-    """Show a stage's tables, markdown and charts on the flow run (also when the stage was cached)."""
+def stage_reports(art: Artifact) -> list[dict[str, Any]]:
+    """The reports (tables, markdown, images) a stage wrote into its artifact."""
     path = Path(art.path) / REPORTS
-    if not path.is_file():
-        return
-    for rep in json.loads(path.read_text()):
-        key = _slug(f"{stage}-{rep['key']}")
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def report_key(stage: str, report: dict[str, Any]) -> str:
+    return _slug(f"{stage}-{report['key']}")
+
+
+def _origin(art: Artifact) -> str:
+    """Written into each report's description: which artifact the UI's latest version shows."""
+    return f"{art.stage} {art.key[:12]}"
+
+
+def publish_reports(art: Artifact, stage: str) -> list[str]:
+    """Show a stage's tables, markdown and charts on the flow run; returns their artifact keys."""
+    keys = []
+    for rep in stage_reports(art):
+        key = report_key(stage, rep)
+        description = f"{rep['title']} ({_origin(art)})"
         if rep["kind"] == "table" and rep["payload"]:
-            create_table_artifact(table=rep["payload"], key=key, description=rep["title"])
+            create_table_artifact(table=rep["payload"], key=key, description=description)
         elif rep["kind"] == "markdown":
-            create_markdown_artifact(markdown=rep["payload"], key=key, description=rep["title"])
+            create_markdown_artifact(markdown=rep["payload"], key=key, description=description)
         elif rep["kind"] == "image":
             img = Path(art.path) / rep["payload"]
-            if img.is_file() and img.stat().st_size < 2_000_000:
-                url = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
-                create_image_artifact(image_url=url, key=key, description=rep["title"])
+            if not (img.is_file() and img.stat().st_size < 2_000_000):
+                continue
+            url = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
+            create_image_artifact(image_url=url, key=key, description=description)
+        else:
+            continue
+        keys.append(key)
+    return keys
+
+
+def link_cached_reports(cached: list[Artifact], flow: str) -> None:
+    """One markdown artifact that points at the reports of the stages this run reused.
+
+    Re-creating every report of every reused stage would cost one API call per report on each
+    rerun (20 on the tiny DAG, about a second of a no-change rerun). The reports are keyed artifacts,
+    so their latest version is one click away; one query finds the keys whose latest version on
+    this server is not from the reused artifact (a fresh server, or the stage last ran with other
+    settings), and only those are published again.
+    """
+    from prefect.settings import get_current_settings
+
+    wanted = {report_key(a.stage, rep): a for a in cached for rep in stage_reports(a)}
+    latest = _latest_descriptions(list(wanted))
+    for art in {a.stage: a for k, a in wanted.items() if _origin(a) not in latest.get(k, "")}.values():
+        publish_reports(art, art.stage)
+    ui = (get_current_settings().ui_url or "").rstrip("/")
+    links = {k: f"[{k}]({ui}/artifacts/key/{k})" if ui else f"`{k}`" for k in wanted}
+    rows = [f"| {a.stage} | `{a.key[:12]}` | {', '.join(links[k] for k, b in wanted.items() if b is a) or '-'} |"
+            for a in cached]
+    create_markdown_artifact(
+        markdown=f"**{len(cached)} stage(s) reused from the store.** Their reports, as published when they "
+                 f"were computed (each report's description names the artifact it shows):\n\n"
+                 "| stage | key | reports |\n|---|---|---|\n" + "\n".join(rows),
+        key=f"{flow.replace('_', '-')}-reused", description=f"{flow}: stages reused from the store, their reports")
+
+
+def _latest_descriptions(keys: list[str]) -> dict[str, str]:
+    """Artifact key -> description of its latest version on the server (one API call)."""
+    if not keys:
+        return {}
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys)), limit=len(keys))
+    return {c.key: c.description or "" for c in found}
 
 
 def _slug(s: str) -> str:

@@ -12,22 +12,14 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
-from llmpipe.evaluation.data import load_sequences
-from llmpipe.evaluation.metrics import evaluate_model, load_task, token_byte_lengths
-from llmpipe.evaluation.model_io import (
-    checkpoint_bytes,
-    find_checkpoint,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-)
 from llmpipe.evaluation.report import metric_rows, regression_markdown
 from llmpipe.stage import StageContext, stage
+
+if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when it registers
+    import torch
 
 VERSION = "1"
 RESULTS = "results.json"
@@ -36,6 +28,10 @@ RESULTS = "results.json"
 def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch.device,
               model: Any = None) -> dict[str, Any]:
     """Every metric of the checkpoint at ``ckpt`` (or of an already loaded ``model`` with its tokenizer)."""
+    from llmpipe.evaluation.data import load_sequences
+    from llmpipe.evaluation.metrics import evaluate_model, load_task, token_byte_lengths
+    from llmpipe.evaluation.model_io import checkpoint_bytes, load_model, load_tokenizer
+
     tok = load_tokenizer(ckpt)
     model = model if model is not None else load_model(ckpt, device)
     seqs, names, meta = load_sequences(tokenize_dir, cfg.split, cfg.max_sequences)
@@ -84,6 +80,8 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
 @stage("evaluate", version=VERSION, inputs=("pretrain", "tokenize"), config_field="evaluate", flow="pretrain")
 def run_evaluate(ctx: StageContext) -> dict[str, Any]:
     """Perplexity, bits per byte and accuracy on held-out data; greedy samples; regression table."""
+    from llmpipe.evaluation.model_io import find_checkpoint, resolve_device
+
     cfg: EvaluateConfig = ctx.config
     device = resolve_device(cfg.device)
     ckpt = find_checkpoint(ctx.inputs["pretrain"])

@@ -17,33 +17,26 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
-from llmpipe.evaluation.data import evenly_spaced
-from llmpipe.evaluation.metrics import generate
-from llmpipe.evaluation.model_io import (
-    checkpoint_bytes,
-    find_checkpoint,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-)
 from llmpipe.evaluation.stage import RESULTS, run_suite
-from llmpipe.quantization.awq import awq_quantize, calibration_dataset, distinct_values_per_group
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
-from llmpipe.quantization.int8 import quantize_int8_dynamic, serialized_bytes, write_marker
 from llmpipe.stage import StageContext, link_file, stage
+
+if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, not when it registers
+    import numpy as np
+    import torch
 
 VERSION = "1"
 
 
 def calibration_sample(tokenize_dir: Path, cfg: QuantizeConfig) -> np.ndarray:
     """Evenly spaced packed sequences of our curated data, cut to ``calibration.seq_len``; -1 pads."""
+    import numpy as np
+
+    from llmpipe.evaluation.data import evenly_spaced
     from llmpipe.training.data import open_packed
 
     ds: Any = open_packed(tokenize_dir, cfg.calibration.split)
@@ -56,6 +49,8 @@ def calibration_sample(tokenize_dir: Path, cfg: QuantizeConfig) -> np.ndarray:
 
 
 def array_sha256(a: np.ndarray) -> str:
+    import numpy as np
+
     return hashlib.sha256(np.ascontiguousarray(a).tobytes() + str(a.shape).encode()).hexdigest()
 
 
@@ -69,6 +64,8 @@ def baseline(evaluate_dir: Path) -> tuple[dict[str, Any], EvaluateConfig]:
 
 
 def speed(model: Any, tok: Any, ecfg: EvaluateConfig) -> float:
+    from llmpipe.evaluation.metrics import generate
+
     prompts = ecfg.prompts or ["The "]
     return float(generate(model, tok, prompts, ecfg.max_new_tokens)["generation_tokens_per_s"])
 
@@ -76,6 +73,11 @@ def speed(model: Any, tok: Any, ecfg: EvaluateConfig) -> float:
 def quantize_awq(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: EvaluateConfig,
                  device: torch.device, pad_id: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(results of the quantized model, quantization info) for the AWQ scheme."""
+    import numpy as np
+
+    from llmpipe.evaluation.model_io import load_model, load_tokenizer
+    from llmpipe.quantization.awq import awq_quantize, calibration_dataset, distinct_values_per_group
+
     calib = calibration_sample(ctx.inputs["tokenize"], cfg)
     np.save(ctx.out / "calibration.npy", calib)
     rows = [r[r >= 0] for r in calib]
@@ -98,6 +100,11 @@ def quantize_awq(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Eva
 def quantize_int8(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: EvaluateConfig
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(results, info) for dynamic int8: the checkpoint is the fp one plus a marker (see int8.py)."""
+    import torch
+
+    from llmpipe.evaluation.model_io import load_model, load_tokenizer
+    from llmpipe.quantization.int8 import quantize_int8_dynamic, serialized_bytes, write_marker
+
     qdir = ctx.out / "model"
     for f in fp_dir.iterdir():
         if f.is_file():
@@ -115,6 +122,16 @@ def quantize_int8(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Ev
        flow="release")
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     """AWQ 4-bit (or int8 dynamic) quantization calibrated on our data, gated on held-out quality."""
+    import torch
+
+    from llmpipe.evaluation.model_io import (
+        checkpoint_bytes,
+        find_checkpoint,
+        load_model,
+        load_tokenizer,
+        resolve_device,
+    )
+
     cfg: QuantizeConfig = ctx.config
     device = resolve_device(cfg.device)
     fp_dir = find_checkpoint(ctx.inputs["pretrain"])

@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llmpipe.serving import loadtest, server
 from llmpipe.serving.config import DeployConfig
-from llmpipe.serving.repository import REPO_DIR, assign_version, find_checkpoint, write_model_repository
 from llmpipe.stage import StageContext, stage
+
+# The repository writer, server and load test import torch and the Triton client: they are imported
+# inside the functions below, so registering the stage (every ``llmpipe`` command) stays cheap.
 
 # The ports every production replica listens on (deployments/triton/ relies on them).
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -31,6 +32,8 @@ def registry_path(store: Any) -> Path:
 @stage("deploy", version="1", inputs=("quantize",), config_field="deploy", flow="release")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
+    from llmpipe.serving.repository import REPO_DIR, assign_version, find_checkpoint, write_model_repository
+
     cfg: DeployConfig = ctx.config or DeployConfig()
     ckpt = find_checkpoint(ctx.inputs["quantize"])
     version = assign_version(registry_path(ctx.store), cfg.model_name, ctx.key)
@@ -51,6 +54,8 @@ def run_deploy(ctx: StageContext) -> dict[str, Any]:
 
 
 def _skip_reason(cfg: DeployConfig) -> str | None:
+    from llmpipe.serving import server
+
     if not cfg.verify:
         return "deploy.verify is false"
     if cfg.backend != "python" or cfg.target != "cpu":
@@ -62,6 +67,9 @@ def _skip_reason(cfg: DeployConfig) -> str | None:
 
 def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
     """Start the generated repository on a local server: smoke test (HTTP, gRPC), then the load test."""
+    from llmpipe.serving import loadtest, server
+    from llmpipe.serving.repository import REPO_DIR
+
     ctx.progress("start tritonserver", 0, 3)
     with server.serve(ctx.out / REPO_DIR, startup_timeout_s=cfg.startup_timeout_s) as srv:
         smoke = [loadtest.smoke_test(srv.http_url, cfg.model_name, "http"),

@@ -44,21 +44,26 @@ import gc
 import hashlib
 import json
 import math
+import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, NamedTuple
 
 from llmpipe.curation.augment.stage import input_shard_digest
-from llmpipe.document import iter_documents, shard_paths
-from llmpipe.stage import StageContext, stage
+from llmpipe.document import shard_paths
+from llmpipe.stage import StageContext, lazy_import, stage
 from llmpipe.store import hash_json
 from llmpipe.tokenization.config import TokenizeConfig
+from llmpipe.tokenization.tokenizer import META as TOKENIZER_META
 from llmpipe.tokenization.tokenizer import load_for_encoding
+
+np = lazy_import("numpy")  # loaded when the stage runs, not when it registers
+pq = lazy_import("pyarrow.parquet")
+pc = lazy_import("pyarrow.compute")
 
 VERSION = "1"
 FORMAT = "llmpipe-packed/1"
@@ -68,7 +73,9 @@ PAD_LANG = 255
 # mixing order, split group key (63-bit hash of parent_id or id), is-child flag
 SEG_COLS = 9
 
-_TOKENIZERS: dict[str, tuple[Any, Any, re.Pattern[str] | None, dict[str, Any]]] = {}
+_TOKENIZERS: dict[str, tuple[Any, re.Pattern[str] | None, dict[str, Any]]] = {}
+_ESCAPING: dict[str, Any] = {}
+_COLUMNS = ["id", "text", "source", "metadata"]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -96,6 +103,7 @@ def assign_split(doc_id: str, parent_id: str | None, cfg: TokenizeConfig) -> tup
     """(TRAIN, VAL or None, group key, mixing order key) of a document.
 
     None marks a child of a validation document: dropped, since training on it would leak val.
+    :func:`batch_keys` computes the same for a whole batch.
     """
     key, order = group_keys(cfg.split_salt, parent_id or doc_id)
     in_val = key < cfg.val_fraction * 2**63
@@ -104,126 +112,250 @@ def assign_split(doc_id: str, parent_id: str | None, cfg: TokenizeConfig) -> tup
     return (VAL if in_val else TRAIN), key, order
 
 
-def _tokenizer(tok_dir: str) -> tuple[Any, Any, re.Pattern[str] | None, dict[str, Any]]:
-    """(plain tokenizer, special-escaping tokenizer, special-token regex, metadata), once per process.
+def batch_keys(ids: list[str], parents: list[Any], cfg: TokenizeConfig) -> tuple[np.ndarray, ...]:
+    """(split, group key, mixing order key, is-child) arrays of a batch, as :func:`assign_split` per document.
 
-    Escaping special tokens costs ~8% of encoding time, so only documents that contain a special
-    token's text go through the escaping tokenizer.
+    ``split`` is DROPPED for a child of a validation document. One blake2b per document (two for a
+    child) and everything else in numpy: the per-document version was a fifth of the stage's Python.
+    """
+    blake = hashlib.blake2b
+    pre = f"split\x00{cfg.split_salt}\x00".encode()
+    digests = b"".join([blake(pre + str(p or i).encode(), digest_size=16).digest()
+                        for i, p in zip(ids, parents, strict=True)])
+    keys = (np.frombuffer(digests, dtype=">u8").reshape(-1, 2) >> 1).astype(np.int64)
+    group, order = keys[:, 0].copy(), keys[:, 1].copy()
+    child = np.fromiter((bool(p) for p in parents), dtype=bool, count=len(parents))
+    if child.any():
+        idx = np.flatnonzero(child)
+        mix = b"".join([blake(b"mix\x00" + str(ids[i]).encode(), digest_size=8).digest() for i in idx.tolist()])
+        order[idx] = (np.frombuffer(mix, dtype=">u8") >> 1).astype(np.int64)
+    # key < val_fraction * 2**63 (a float) exactly: compare with the smallest integer not below it
+    in_val = group < math.ceil(cfg.val_fraction * 2**63)
+    split = np.where(in_val, np.where(child, DROPPED, VAL), TRAIN).astype(np.int64)
+    return split, group, order, child.astype(np.int64)
+
+
+def _tokenizer(tok_dir: str) -> tuple[Any, re.Pattern[str] | None, dict[str, Any]]:
+    """(plain tokenizer, special-token regex, metadata), loaded once per process.
+
+    Escaping special tokens costs ~8% of encoding time, so the plain tokenizer encodes every batch and
+    only a document that contains a special token's text is encoded again by :func:`_escaping`.
     """
     if tok_dir not in _TOKENIZERS:
         from tokenizers import Tokenizer
 
-        escaping, meta = load_for_encoding(tok_dir)
         plain = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
         plain.no_truncation()
         plain.no_padding()
         specials = [t.content for t in plain.get_added_tokens_decoder().values() if t.special]
         pattern = re.compile("|".join(re.escape(x) for x in specials)) if specials else None
-        _TOKENIZERS[tok_dir] = (plain, escaping, pattern, meta)
+        meta = json.loads((Path(tok_dir) / TOKENIZER_META).read_text())
+        _TOKENIZERS[tok_dir] = (plain, pattern, meta)
     return _TOKENIZERS[tok_dir]
 
 
-def _batches(docs: Iterator[Any], size: int, max_chars: int) -> Iterator[list[Any]]:
-    """Documents in lists of at most ``size`` documents or about ``max_chars`` characters."""
-    batch: list[Any] = []
-    chars = 0
-    for d in docs:
-        batch.append(d)
-        chars += len(d.text)
-        if len(batch) >= size or chars >= max_chars:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
+def _escaping(tok_dir: str) -> Any:
+    """The special-escaping tokenizer, loaded on first need (most shards never need it)."""
+    if tok_dir not in _ESCAPING:
+        _ESCAPING[tok_dir] = load_for_encoding(tok_dir)[0]
+    return _ESCAPING[tok_dir]
+
+
+class _Batch(NamedTuple):
+    ids: list[str]
+    texts: list[str]
+    sources: list[str]
+    metas: list[dict[str, Any]]
+    n_bytes: np.ndarray  # UTF-8 bytes per text (int64), from Arrow: no str.encode per document
+
+
+def _parse_metadata(metas: list[str]) -> list[dict[str, Any]]:
+    """Every metadata JSON string of a batch in one parse call instead of one call per document."""
+    text = "[" + ",".join([m or "{}" for m in metas]) + "]"
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover
+        return json.loads(text)
+    return orjson.loads(text)
+
+
+def _read_batches(path: str, size: int, max_chars: int) -> Iterator[_Batch]:
+    """A shard's documents in batches of at most ``size`` documents or about ``max_chars`` characters.
+
+    Reads the columns with pyarrow: a ``Document`` per row (``iter_documents``) cost as much as all
+    the other per-document work. Batch boundaries never change the output.
+    """
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=_COLUMNS):
+        cum = np.cumsum(pc.utf8_length(rb.column("text")).to_numpy(zero_copy_only=False), dtype=np.int64)
+        start = 0
+        while start < rb.num_rows:  # a batch ends with the document that reaches max_chars
+            base = int(cum[start - 1]) if start else 0
+            end = min(rb.num_rows, int(np.searchsorted(cum, base + max_chars)) + 1)
+            part = rb.slice(start, end - start)
+            text = part.column("text")
+            yield _Batch(part.column("id").to_pylist(), text.to_pylist(), part.column("source").to_pylist(),
+                         _parse_metadata(part.column("metadata").to_pylist()),
+                         pc.binary_length(text).to_numpy(zero_copy_only=False).astype(np.int64))
+            start = end
+
+
+def _encode(tok: Any, special_re: re.Pattern[str] | None, tok_dir: str, texts: list[str],
+            offsets: bool) -> list[Any]:
+    """Encodings of ``texts``, special-token strings in them encoded as plain text.
+
+    ``encode_batch_fast`` gives the same ids without character offsets, and skips the per-text
+    byte-to-char offset map that is about a quarter of ``encode_batch``'s instructions; offsets are
+    only needed to count the bytes of truncated documents (``offsets``).
+    """
+    encode_batch = tok.encode_batch if offsets else tok.encode_batch_fast
+    encs = encode_batch(texts, add_special_tokens=False)
+    if special_re is not None:
+        search = special_re.search
+        for i, t in enumerate(texts):
+            if search(t):  # rare: a special token's text inside a document
+                encs[i] = _escaping(tok_dir).encode(t, add_special_tokens=False)
+    return encs
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _encode_pool() -> ThreadPoolExecutor:
+    """This process's encode thread, kept across shards.
+
+    ``tokenizers`` keeps its BPE word cache per thread: a new thread per shard would start each
+    shard with a cold cache when the library encodes in the calling thread (a forked worker, or
+    ``TOKENIZERS_PARALLELISM=false``). Keyed by pid: threads do not survive ``fork``.
+    """
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmpipe-encode"))
+    return _POOL[1]
+
+
+class _ShardBuilder:
+    """Encoded batches -> the shard's token array and segment table, with numpy instead of a loop per token.
+
+    Per batch, Python touches each kept document once, to read its ids; lengths, drops, pieces,
+    EOS/BOS placement and segment rows are array operations.
+    """
+
+    def __init__(self, cfg: TokenizeConfig, dtype: np.dtype, eos: int, bos: int | None) -> None:
+        self.cfg, self.dtype, self.eos, self.bos = cfg, dtype, eos, bos
+        self.head = 1 if cfg.add_bos else 0
+        self.langs: dict[str, int] = {}
+        self.sources: dict[str, int] = {}
+        self.dropped: dict[str, int] = defaultdict(int)
+        self.counts = {"docs": 0, "truncated": 0, "split_docs": 0}
+        self.tokens: list[np.ndarray] = []
+        self.segs: list[np.ndarray] = []
+        self.size = 0
+
+    def _drop(self, reason: str, n: int) -> None:
+        if n:
+            self.dropped[reason] += n
+
+    def add(self, batch: _Batch, keys: tuple[np.ndarray, ...], encs: list[Any]) -> None:
+        split, group, order, child = keys
+        n = np.fromiter(map(len, encs), dtype=np.int64, count=len(encs))
+        self.counts["docs"] += len(encs)
+        live = split != DROPPED
+        short = live & (n < self.cfg.min_tokens)
+        self._drop("child_of_val", len(encs) - int(live.sum()))
+        self._drop("too_short", int(short.sum()))
+        kept = np.flatnonzero(live & ~short)
+        if not kept.size:
+            return
+        k, nk = kept.tolist(), n[kept]
+        raw = np.fromiter(chain.from_iterable(encs[i].ids for i in k), dtype=self.dtype, count=int(nk.sum()))
+        cdoc, ci, clen = self._pieces(nk)
+        n_bytes = batch.n_bytes[kept]
+        if clen.sum() < raw.size:  # truncated: keep each piece's head; bytes up to its last token
+            raw = gather(raw, (np.cumsum(nk) - nk)[cdoc], clen)
+            m = self.cfg.max_tokens
+            for j in np.flatnonzero(nk > clen).tolist():
+                i = k[j]
+                n_bytes[j] = len(batch.texts[i][: encs[i].offsets[m - 1][1]].encode("utf-8"))
+        out, starts, seg_len = self._place(raw, clen)
+        langs = self.langs
+        sources = self.sources
+        li = np.asarray([langs.setdefault(str(batch.metas[i].get("lang") or "und"), len(langs)) for i in k],
+                        dtype=np.int64)
+        si = np.asarray([sources.setdefault(batch.sources[i], len(sources)) for i in k], dtype=np.int64)
+        d = kept[cdoc]
+        # bytes are attributed to the first piece (bits-per-byte sums over the split)
+        self.segs.append(np.stack([self.size + starts, seg_len, li[cdoc], si[cdoc], split[d],
+                                   np.where(ci == 0, n_bytes[cdoc], 0), order[d] + ci, group[d], child[d]], axis=1))
+        self.tokens.append(out)
+        self.size += out.size
+
+    def _pieces(self, nk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(document, piece index, tokens) per piece: long documents are split or truncated."""
+        m = self.cfg.max_tokens
+        docs = np.arange(nk.size)
+        if m is None or not (nk > m).any():
+            return docs, np.zeros(nk.size, np.int64), nk
+        if self.cfg.long_docs == "truncate":
+            self.counts["truncated"] += int((nk > m).sum())
+            return docs, np.zeros(nk.size, np.int64), np.minimum(nk, m)
+        pieces = (nk + m - 1) // m
+        self.counts["split_docs"] += int((pieces > 1).sum())
+        cdoc = np.repeat(docs, pieces)
+        ci = np.arange(cdoc.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        return cdoc, ci, np.minimum(m, nk[cdoc] - ci * m)
+
+    def _place(self, raw: np.ndarray, clen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, piece starts, piece lengths): each piece is [BOS] + its ids + EOS, in order."""
+        h = self.head
+        seg_len = clen + (h + 1)
+        ends = np.cumsum(seg_len)
+        starts = ends - seg_len
+        out = np.empty(int(ends[-1]), dtype=self.dtype)
+        out[ends - 1] = self.eos
+        if h:
+            out[starts] = self.bos
+        out[np.arange(raw.size) + np.repeat(np.arange(clen.size) * (h + 1) + h, clen)] = raw
+        return out, starts, seg_len
+
+    def finish(self, out_dir: Path) -> dict[str, Any]:
+        """Write ``tokens.bin``, ``segments.npy`` and ``shard.json``; returns the shard's stats."""
+        tokens = np.concatenate(self.tokens) if self.tokens else np.zeros(0, self.dtype)
+        segs = np.concatenate(self.segs) if self.segs else np.zeros((0, SEG_COLS), np.int64)
+        tokens.tofile(out_dir / "tokens.bin")
+        np.save(out_dir / "segments.npy", segs.astype(np.int64, copy=False))
+        info = {"languages": list(self.langs), "sources": list(self.sources), "dtype": self.dtype.name}
+        (out_dir / "shard.json").write_text(json.dumps(info, sort_keys=True))
+        kept = self.counts["docs"] - sum(self.dropped.values())
+        return {**self.counts, "kept": kept, "dropped": dict(self.dropped), "tokens": int(tokens.size)}
 
 
 def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[str, Any]:
     """Pass 1 for one input shard: ``tokens.bin``, ``segments.npy`` and ``shard.json`` in ``out_dir``."""
     path, tok_dir, cfg = arg
-    tok, escaping, special_re, meta = _tokenizer(tok_dir)
-    dtype = token_dtype(meta["vocab_size"])
-    eos, bos = meta["eos_id"], meta.get("bos_id")
-    if cfg.add_bos and bos is None:
+    tok, special_re, meta = _tokenizer(tok_dir)
+    if cfg.add_bos and meta.get("bos_id") is None:
         raise ValueError("tokenize.add_bos: the tokenizer has no bos token")
-    langs: dict[str, int] = {}
-    sources: dict[str, int] = {}
-    dropped: dict[str, int] = defaultdict(int)
-    flat: list[int] = []  # every kept id of the shard, in order (one numpy conversion at the end)
-    segs: list[tuple[int, ...]] = []
-    counts = {"docs": 0, "truncated": 0, "split_docs": 0}
-    head = [bos] if cfg.add_bos else []
-
-    max_tokens, min_tokens, truncate = cfg.max_tokens, cfg.min_tokens, cfg.long_docs == "truncate"
-
-    def encode(texts: list[str]) -> list[Any]:
-        # encode_batch (not encode_batch_fast): measured faster here, and it keeps offsets for truncation
-        encs = tok.encode_batch(texts, add_special_tokens=False)
-        if special_re is not None:
-            search = special_re.search
-            for i, t in enumerate(texts):
-                if search(t):  # rare: a special token's text inside a document
-                    encs[i] = escaping.encode(t, add_special_tokens=False)
-        return encs
-
-    def consume(batch: list[Any], encs: list[Any]) -> None:
-        for d, e in zip(batch, encs, strict=True):
-            parent = d.metadata.get("parent_id")
-            split, gkey, oh = assign_split(d.id, parent, cfg)
-            if split is None:
-                dropped["child_of_val"] += 1
-                continue
-            ids = e.ids
-            n = len(ids)
-            if n < min_tokens:
-                dropped["too_short"] += 1
-                continue
-            text = d.text
-            n_bytes = len(text.encode("utf-8"))
-            chunks = (ids,)
-            if max_tokens is not None and n > max_tokens:
-                if truncate:
-                    n_bytes = len(text[: e.offsets[max_tokens - 1][1]].encode("utf-8"))
-                    chunks = (ids[:max_tokens],)
-                    counts["truncated"] += 1
-                else:
-                    chunks = tuple(ids[i : i + max_tokens] for i in range(0, n, max_tokens))
-                    counts["split_docs"] += 1
-            li = langs.setdefault(str(d.metadata.get("lang") or "und"), len(langs))
-            si = sources.setdefault(d.source, len(sources))
-            child = 1 if parent else 0
-            for ci, chunk in enumerate(chunks):
-                start = len(flat)
-                flat.extend(head)
-                flat.extend(chunk)
-                flat.append(eos)
-                # bytes are attributed to the first piece (bits-per-byte sums over the split)
-                segs.append((start, len(flat) - start, li, si, split, n_bytes if ci == 0 else 0, oh + ci, gkey,
-                             child))
-
+    builder = _ShardBuilder(cfg, token_dtype(meta["vocab_size"]), meta["eos_id"], meta.get("bos_id"))
     gc_was_on = gc.isenabled()
-    gc.disable()  # millions of small allocations and no cycles: the collector only costs time here
+    gc.disable()  # many small allocations and no cycles: the collector only costs time here
     try:
-        # encode_batch releases the GIL: encode batch k+1 in a thread while Python consumes batch k
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending: tuple[list[Any], Future[list[Any]]] | None = None
-            for batch in _batches(iter_documents(path), cfg.batch_size, cfg.batch_chars):
-                counts["docs"] += len(batch)
-                fut = pool.submit(encode, [d.text for d in batch])
-                if pending is not None:
-                    consume(pending[0], pending[1].result())
-                pending = (batch, fut)
+        # encoding releases the GIL: encode batch k+1 in a thread while Python hashes its ids and packs
+        # batch k
+        pool = _encode_pool()
+        offsets = cfg.max_tokens is not None and cfg.long_docs == "truncate"
+        pending: tuple[_Batch, tuple[np.ndarray, ...], Future[list[Any]]] | None = None
+        for batch in _read_batches(path, cfg.batch_size, cfg.batch_chars):
+            fut = pool.submit(_encode, tok, special_re, tok_dir, batch.texts, offsets)
+            keys = batch_keys(batch.ids, [m.get("parent_id") for m in batch.metas], cfg)
             if pending is not None:
-                consume(pending[0], pending[1].result())
+                builder.add(pending[0], pending[1], pending[2].result())
+            pending = (batch, keys, fut)
+        if pending is not None:
+            builder.add(pending[0], pending[1], pending[2].result())
     finally:
         if gc_was_on:
             gc.enable()
-    tokens = np.asarray(flat, dtype=dtype)
-    tokens.tofile(out_dir / "tokens.bin")
-    np.save(out_dir / "segments.npy", np.asarray(segs, dtype=np.int64).reshape(-1, SEG_COLS))
-    info = {"languages": list(langs), "sources": list(sources), "dtype": dtype.name}
-    (out_dir / "shard.json").write_text(json.dumps(info, sort_keys=True))
-    kept = counts["docs"] - sum(dropped.values())
-    return {**counts, "kept": kept, "dropped": dict(dropped), "tokens": int(tokens.size)}
+    return builder.finish(out_dir)
 
 
 # -- pass 2: mixing ---------------------------------------------------------------------------------

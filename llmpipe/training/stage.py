@@ -17,7 +17,6 @@ from typing import Any
 from llmpipe.stage import StageContext, link_file, stage
 from llmpipe.training.config import STRATEGIES, TrainConfig
 from llmpipe.training.launch import TrainingError, launch
-from llmpipe.training.model import max_positions
 
 SKIP_TOKENIZER_FILES = {"manifest.json"}
 
@@ -48,6 +47,7 @@ def resolve_deepspeed(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
 def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
     """Everything that can be checked before a worker starts; errors name the ``train.*`` key."""
     from llmpipe.training.data import open_packed
+    from llmpipe.training.model import max_positions  # torch: loaded when the stage runs, not registers
 
     if cfg.strategy not in STRATEGIES:
         raise TrainingError(f"train.strategy: unknown strategy {cfg.strategy!r}; choose one of {STRATEGIES}")

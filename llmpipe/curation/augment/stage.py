@@ -23,8 +23,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from llmpipe.curation.augment.config import (
     AugmentConfig,
     BackTranslationOp,
@@ -35,8 +33,10 @@ from llmpipe.curation.augment.config import (
 )
 from llmpipe.curation.augment.operators import Outcome, Restructurer, SynonymReplacer, TemplateFiller, lang_of
 from llmpipe.document import Document, read_shard, shard_paths, write_shard
-from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.stage import StageContext, lazy_import, link_file, stage
 from llmpipe.store import hash_json, sha256_file
+
+pq = lazy_import("pyarrow.parquet")  # loaded when the stage runs, not when it registers
 
 VERSION = "1"
 BATCH = 64

@@ -3,7 +3,18 @@
 The ``dedup`` stage lives in :mod:`llmpipe.curation.dedup.stage` (imported by ``llmpipe.pipeline``).
 """
 
-from llmpipe.curation.dedup.minhash import permutations, signatures
-from llmpipe.curation.dedup.text import exact_hash, normalize, shingles
+from typing import Any
 
-__all__ = ["exact_hash", "normalize", "permutations", "shingles", "signatures"]
+# Where each public name lives; loaded on first use (PEP 562) so that importing the stage module,
+# which every ``llmpipe`` command does, does not compile numba kernels or import numpy.
+_EXPORTS = {"exact_hash": "text", "normalize": "text", "shingles": "text", "permutations": "minhash",
+            "signatures": "minhash"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

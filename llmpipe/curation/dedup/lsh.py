@@ -8,9 +8,11 @@ hash of them (a spurious 64-bit collision is ~n^2/2^64 and is then caught by ver
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -59,13 +61,44 @@ def signature_agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # -- datasketch backends ---------------------------------------------------------------------------
 
-class DatasketchIndex:
-    """``MinHashLSH`` over ``LeanMinHash`` keyed by global document index (dict or Redis storage)."""
+BASE_FILE = "lsh.pkl"
+COMPACT_RATIO = 0.25  # rewrite the base when its deltas hold more than this share of its documents
 
-    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any]) -> None:
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while millions of acyclic dicts/sets/bytes are created.
+
+    Unpickling or filling a ``MinHashLSH`` allocates ~2 containers per (document, band); with the
+    collector on, the repeated full collections over the growing heap cost ~8x the load itself.
+    Nothing created here forms reference cycles, so reference counting frees it all the same.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class DatasketchIndex:
+    """``MinHashLSH`` over ``LeanMinHash`` keyed by global document index (dict or Redis storage).
+
+    The dict storage persists as a base pickle of the whole ``MinHashLSH`` plus append-only delta
+    files (the global indexes and band values of the documents each later run inserted): a refresh
+    links the previous base and deltas, loads them, and writes only its own delta, so it never
+    re-pickles the corpus. When the deltas outgrow ``COMPACT_RATIO`` of the base, the run rewrites
+    the base (amortized: one O(corpus) dump per ~``COMPACT_RATIO`` growth of the index). Loading
+    is still O(corpus): an in-memory index must hold every old document's buckets.
+    """
+
+    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any], src: Path | None = None) -> None:
         self.lsh, self.seed, self.meta = lsh, seed, meta
+        self.src = src  # the directory the base and deltas were loaded from (None: a fresh index)
         self.inserts = 0
         self.queries = 0
+        self._new: list[tuple[np.ndarray, np.ndarray]] = []  # (idx, band values) inserted by this run
 
     @classmethod
     def create(cls, threshold: float, num_perm: int, params: tuple[int, int], seed: int,
@@ -76,15 +109,21 @@ class DatasketchIndex:
             meta["basename"] = storage["basename"].decode()
         return cls(lsh, seed, meta)
 
+    @property
+    def _banded(self) -> int:
+        return self.lsh.b * self.lsh.r
+
     def _lean(self, row: np.ndarray) -> LeanMinHash:
         return LeanMinHash(seed=self.seed, hashvalues=row, scheme="affine32")
 
     def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
         """Insert docs ``idx`` (ascending), then query each: pairs (j, i) with i < j, shape (m, 2)."""
-        with self.lsh.insertion_session(buffer_size=10_000) as session:
+        with _gc_paused(), self.lsh.insertion_session(buffer_size=10_000) as session:
             for k in range(len(sigs)):
                 session.insert(int(idx[k]), self._lean(sigs[k]), check_duplication=False)
         self.inserts += len(sigs)
+        if self.meta["storage"]["type"] == "dict" and len(sigs):
+            self._new.append((np.asarray(idx, np.int64), np.ascontiguousarray(sigs[:, : self._banded])))
         js: list[int] = []
         is_: list[int] = []
         if not query:
@@ -98,11 +137,77 @@ class DatasketchIndex:
         self.queries += len(sigs)
         return np.array([js, is_], dtype=np.int64).T.reshape(-1, 2)
 
+    def bulk_insert(self, idx: np.ndarray, bands: np.ndarray) -> None:
+        """Insert without a query, straight into the dict storage: what ``MinHashLSH.insert`` stores.
+
+        Used to replay deltas: ``insert`` builds a ``LeanMinHash`` per document and byteswaps each
+        band separately; here each band's keys for all documents come from one numpy byteswap. The
+        first document goes through ``insert`` when the index is empty, so datasketch records the
+        scheme. A test checks that the tables equal those ``insert`` builds.
+        """
+        lsh = self.lsh
+        if not len(idx):
+            return
+        if getattr(lsh, "_minhash_scheme", None) is None:
+            row = np.zeros(lsh.h, np.uint32)
+            row[: self._banded] = bands[0]
+            lsh.insert(int(idx[0]), self._lean(row), check_duplication=False)
+            idx, bands = idx[1:], bands[1:]
+        dtype = self._lean(np.zeros(lsh.h, np.uint32)).hashvalues.dtype  # what _H byteswaps
+        m, w = len(idx), lsh.r * dtype.itemsize
+        swapped = np.ascontiguousarray(bands, dtype=dtype).byteswap().reshape(m, lsh.b, lsh.r)
+        keys = [int(k) for k in idx]
+        per_band = []
+        with _gc_paused():
+            for band, table in enumerate(lsh.hashtables):
+                buf = np.ascontiguousarray(swapped[:, band]).tobytes()
+                hs = [buf[o : o + w] for o in range(0, m * w, w)]
+                per_band.append(hs)
+                d = table._dict  # DictSetStorage: band key -> set of document keys
+                for h, k in zip(hs, keys, strict=True):
+                    d[h].add(k)
+            kd = lsh.keys._dict  # DictListStorage: document key -> its band keys
+            for k, *hs in zip(keys, *per_band, strict=True):
+                kd[k].extend(hs)
+
     def save(self, index_dir: Path) -> None:
+        """Dict storage: link the base and deltas, add this run's delta, or compact into a new base."""
         if self.meta["storage"]["type"] == "dict":
-            with open(index_dir / "lsh.pkl", "wb") as f:
-                pickle.dump(self.lsh, f, protocol=pickle.HIGHEST_PROTOCOL)
+            self._save_dict(index_dir)
         (index_dir / "lsh.json").write_text(json.dumps(self.meta, sort_keys=True))
+
+    def _save_dict(self, index_dir: Path) -> None:
+        from llmpipe.stage import link_file
+
+        base = self.meta.get("base")
+        deltas = list(self.meta.get("deltas", []))
+        new_docs = sum(len(i) for i, _ in self._new)
+        if base is None or self.src is None or sum(d["docs"] for d in deltas) + new_docs > COMPACT_RATIO * base["docs"]:
+            with open(index_dir / BASE_FILE, "wb") as f:
+                pickle.dump(self.lsh, f, protocol=pickle.HIGHEST_PROTOCOL)
+            self.meta.update(base={"file": BASE_FILE, "docs": len(self.lsh.keys)}, deltas=[])
+            self._new.clear()
+            return
+        for rel in [base["file"]] + [d["file"] for d in deltas]:
+            if self.src.resolve() != index_dir.resolve():
+                link_file(self.src / rel, index_dir / rel)
+        if new_docs:
+            name = f"lsh-delta-{len(deltas):05d}.npz"
+            np.savez(index_dir / name, idx=np.concatenate([i for i, _ in self._new]),
+                     bands=np.concatenate([b for _, b in self._new]))
+            deltas.append({"file": name, "docs": new_docs})
+        self.meta["deltas"] = deltas
+        self._new.clear()
+
+    def close(self) -> None:
+        """Free a dict index's buckets now, by reference counting.
+
+        ``MinHashLSH`` references itself (its bound ``_H``), so once dropped its millions of sets
+        and bytes would wait for a full cyclic collection (a traversal of the whole heap)."""
+        if self.meta["storage"]["type"] == "dict":
+            for table in self.lsh.hashtables:
+                table._dict.clear()
+            self.lsh.keys._dict.clear()
 
     @classmethod
     def load(cls, index_dir: Path, seed: int, storage: dict[str, Any] | None, threshold: float,
@@ -115,12 +220,19 @@ class DatasketchIndex:
         want = (storage or {"type": "dict"})["type"]
         if meta["storage"]["type"] != want:
             return None
-        if want == "dict":
-            with open(index_dir / "lsh.pkl", "rb") as f:
-                return cls(pickle.load(f), seed, meta)
-        cfg = dict(storage or {})
-        cfg["basename"] = meta["basename"].encode()
-        return cls.create(threshold, num_perm, params, seed, cfg)
+        if want != "dict":
+            cfg = dict(storage or {})
+            cfg["basename"] = meta["basename"].encode()
+            return cls.create(threshold, num_perm, params, seed, cfg)
+        meta.setdefault("base", {"file": BASE_FILE, "docs": None})
+        with _gc_paused(), open(index_dir / meta["base"]["file"], "rb") as f:
+            index = cls(pickle.load(f), seed, meta, src=index_dir)
+        if meta["base"]["docs"] is None:
+            meta["base"]["docs"] = len(index.lsh.keys)
+        for d in meta.get("deltas", []):
+            with np.load(index_dir / d["file"]) as z:
+                index.bulk_insert(z["idx"], z["bands"])
+        return index
 
 
 # -- out-of-core backend ---------------------------------------------------------------------------

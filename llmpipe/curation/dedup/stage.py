@@ -6,7 +6,9 @@ Artifact layout (under the stage's output directory):
   ``metadata["reject_reason"]`` (``exact_duplicate`` / ``near_duplicate``) and ``duplicate_of``;
 - ``index/meta.json`` (parameters + the ordered input shards with their sha256),
   ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
-  ``index/lsh.pkl`` (memory backend), ``index/lsh.json`` (datasketch storage / Redis basename),
+  ``index/lsh.pkl`` + ``index/lsh-delta-*.npz`` (memory backend: a base pickle of the ``MinHashLSH``
+  and the documents each later run added), ``index/lsh.json`` (datasketch storage, base and deltas
+  / Redis basename),
   ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
 - ``funnel.json``.
 
@@ -22,27 +24,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from llmpipe.curation.dedup import core
-from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex, lsh_params
-from llmpipe.curation.dedup.minhash import signatures_encoded
 from llmpipe.curation.dedup.text import exact_hash, normalize
 from llmpipe.document import iter_documents, shard_paths, write_shard
-from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.stage import StageContext, lazy_import, link_file, stage
 from llmpipe.store import hash_json, sha256_file
 
+# numpy, pyarrow, numba (minhash) and datasketch (lsh) load when the stage runs, not when it registers
+np = lazy_import("numpy")
+pa = lazy_import("pyarrow")
+pq = lazy_import("pyarrow.parquet")
+core = lazy_import("llmpipe.curation.dedup.core")
+
 VERSION = "1"
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: memory index as base + deltas
 
 
 # -- per-shard work (runs in worker processes) --------------------------------------------------------
 
 def shard_signatures(arg: tuple[str, dict[str, Any]], out_dir: Path) -> dict[str, Any]:
     """One input shard -> sig.npy (n x num_perm uint32), exact.npy (uint64), ids.parquet."""
-    from llmpipe.curation.dedup.minhash import encode
+    from llmpipe.curation.dedup.minhash import encode, signatures_encoded
 
     path, p = arg
     ids: list[str] = []
@@ -112,6 +113,8 @@ def _shard_list(input_dir: Path) -> list[dict[str, Any]]:
 
 
 def _params(cfg: Any) -> dict[str, Any]:
+    from llmpipe.curation.dedup.lsh import lsh_params
+
     bands, rows = lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows,
                              cfg.false_positive_weight, cfg.false_negative_weight)
     return {**cfg.key_dict(), "bands": bands, "rows": rows, "index_format": INDEX_FORMAT}
@@ -163,6 +166,8 @@ class _Ids:
 def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tuple[Path, dict] | None,
                    lineage: str) -> tuple[Any, bool]:
     """(index, loaded): the previous run's LSH when it matches the backend, else a fresh one."""
+    from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
+
     b, r = params["bands"], params["rows"]
     if cfg.backend == "external":  # the old shards' band runs were linked into out_index/bands
         runs = [out_index / "bands" / Path(s["name"]).stem for s in (prev[1]["shards"] if prev else [])]
@@ -185,6 +190,8 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
 @stage("dedup", version=VERSION, inputs=("safety",), config_field="dedup", flow="data_refresh")
 def run_dedup(ctx: StageContext) -> dict[str, Any]:
     """Exact + MinHash LSH near-dedup with a persistent, incremental index."""
+    from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
+
     cfg = ctx.config
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -310,6 +317,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     ctx.map(write_filtered, jobs)
     if isinstance(index, DatasketchIndex):
         index.save(index_dir)
+        index.close()
     timings["write"] = time.perf_counter() - t4
 
     stats = _funnel(ctx, shards)
@@ -333,6 +341,8 @@ def exact_index_mask(docs_parquet: Path) -> np.ndarray:
 
 def _insert(index: Any, band_dir: Path, idx: np.ndarray, sigs: np.ndarray, query: bool) -> np.ndarray | None:
     """Add exact-unique docs to the LSH; for datasketch also return their (j, i<j) candidate pairs."""
+    from llmpipe.curation.dedup.lsh import ExternalIndex
+
     if isinstance(index, ExternalIndex):
         index.write_run(band_dir, idx, sigs)
         return None
