@@ -114,9 +114,8 @@ def run_dedup(store: ArtifactStore, inp: Artifact, cfg: DedupConfig,
     """The registered stage + publish, as the runner does it; (artifact, {cpu, wall, stage_cpu}).
 
     ``extra_cpu``: CPU seconds of a helper process doing part of the work (the Redis server).
-    Each step ends with a timed ``gc.collect()``: it pays for collecting its own garbage (datasketch's
-    ``MinHashLSH`` holds a reference cycle, so its millions of objects wait for a full collection),
-    instead of billing it to whichever later step happens to trigger that collection."""
+    An untimed ``gc.collect()`` first, so no garbage of an earlier step (e.g. a ``MinHashLSH``,
+    which holds a reference cycle) is collected inside this one; the stage frees its own index."""
     spec = STAGES["dedup"]
     key = hash_json(["dedup", spec.version, cfg.key_dict(), inp.key])
     gc.collect()  # untimed: nothing of an earlier step is left to collect inside this one
@@ -129,8 +128,6 @@ def run_dedup(store: ArtifactStore, inp: Artifact, cfg: DedupConfig,
     c1, x1 = time.process_time(), extra_cpu()
     art = store.publish("dedup", key, tmp, version=spec.version, config=cfg.key_dict(),
                         inputs={"safety": inp.key}, stats=stats, started=w0)
-    del ctx
-    gc.collect()
     times = {"cpu": time.process_time() - c0 + extra_cpu() - x0, "wall": time.perf_counter() - w0,
              "stage_cpu": c1 - c0 + x1 - x0}
     return art, times
