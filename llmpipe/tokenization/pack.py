@@ -62,8 +62,8 @@ from llmpipe.tokenization.tokenizer import META as TOKENIZER_META
 from llmpipe.tokenization.tokenizer import load_for_encoding
 
 np = lazy_import("numpy")  # loaded when the stage runs, not when it registers
+pa = lazy_import("pyarrow")
 pq = lazy_import("pyarrow.parquet")
-pc = lazy_import("pyarrow.compute")
 
 VERSION = "1"
 FORMAT = "llmpipe-packed/1"
@@ -169,6 +169,12 @@ class _Batch(NamedTuple):
     n_bytes: np.ndarray  # UTF-8 bytes per text (int64), from Arrow: no str.encode per document
 
 
+class _Encoded(NamedTuple):
+    lengths: np.ndarray  # tokens per document (int64)
+    ids: np.ndarray  # every document's ids, concatenated
+    cut_chars: dict[int, int]  # document -> characters behind its first max_tokens ids (truncation only)
+
+
 def _parse_metadata(metas: list[str]) -> list[dict[str, Any]]:
     """Every metadata JSON string of a batch in one parse call instead of one call per document."""
     text = "[" + ",".join([m or "{}" for m in metas]) + "]"
@@ -179,42 +185,54 @@ def _parse_metadata(metas: list[str]) -> list[dict[str, Any]]:
     return orjson.loads(text)
 
 
+def _utf8_lengths(arr: Any, texts: list[str]) -> np.ndarray:
+    """UTF-8 bytes per string, read off the Arrow offsets (``pyarrow.compute`` takes ~80 ms to import)."""
+    width = {pa.string(): np.int32, pa.large_string(): np.int64}.get(arr.type)
+    if width is None:
+        return np.fromiter((len(t.encode("utf-8")) for t in texts), np.int64, len(texts))
+    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr) + 1]
+    return np.diff(offsets).astype(np.int64)
+
+
 def _read_batches(path: str, size: int, max_chars: int) -> Iterator[_Batch]:
     """A shard's documents in batches of at most ``size`` documents or about ``max_chars`` characters.
 
     Reads the columns with pyarrow: a ``Document`` per row (``iter_documents``) cost as much as all
-    the other per-document work. Batch boundaries never change the output.
+    the other per-document work. Characters are counted as UTF-8 bytes (never fewer); batch
+    boundaries never change the output.
     """
     for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=_COLUMNS):
-        cum = np.cumsum(pc.utf8_length(rb.column("text")).to_numpy(zero_copy_only=False), dtype=np.int64)
+        ids, texts, sources = (rb.column(c).to_pylist() for c in ("id", "text", "source"))
+        metas = _parse_metadata(rb.column("metadata").to_pylist())
+        n_bytes = _utf8_lengths(rb.column("text"), texts)
+        cum = np.cumsum(n_bytes)
         start = 0
         while start < rb.num_rows:  # a batch ends with the document that reaches max_chars
-            base = int(cum[start - 1]) if start else 0
-            end = min(rb.num_rows, int(np.searchsorted(cum, base + max_chars)) + 1)
-            part = rb.slice(start, end - start)
-            text = part.column("text")
-            yield _Batch(part.column("id").to_pylist(), text.to_pylist(), part.column("source").to_pylist(),
-                         _parse_metadata(part.column("metadata").to_pylist()),
-                         pc.binary_length(text).to_numpy(zero_copy_only=False).astype(np.int64))
+            end = min(rb.num_rows, int(np.searchsorted(cum, (cum[start - 1] if start else 0) + max_chars)) + 1)
+            yield _Batch(ids[start:end], texts[start:end], sources[start:end], metas[start:end], n_bytes[start:end])
             start = end
 
 
-def _encode(tok: Any, special_re: re.Pattern[str] | None, tok_dir: str, texts: list[str],
-            offsets: bool) -> list[Any]:
-    """Encodings of ``texts``, special-token strings in them encoded as plain text.
+def _encode(tok: Any, special_re: re.Pattern[str] | None, tok_dir: str, texts: list[str], dtype: np.dtype,
+            cut: int | None) -> _Encoded:
+    """The ids of ``texts`` (special-token strings in them encoded as plain text), as arrays.
 
-    ``encode_batch_fast`` gives the same ids without character offsets, and skips the per-text
-    byte-to-char offset map that is about a quarter of ``encode_batch``'s instructions; offsets are
-    only needed to count the bytes of truncated documents (``offsets``).
+    Runs in the encode thread, which also reads the ids out and frees the ``Encoding`` objects: freed
+    by the main thread (another malloc arena) they cost about as much as the rest of its work.
+    ``cut``: with truncation, the characters behind the first ``cut`` ids of each longer document.
     """
-    encode_batch = tok.encode_batch if offsets else tok.encode_batch_fast
-    encs = encode_batch(texts, add_special_tokens=False)
+    # encode_batch, not encode_batch_fast: the latter runs fewer instructions (no char offsets) but
+    # measured 15-20% more CPU time here (tokenizers 0.23); encode_batch also gives truncation offsets
+    encs = tok.encode_batch(texts, add_special_tokens=False)
     if special_re is not None:
         search = special_re.search
         for i, t in enumerate(texts):
             if search(t):  # rare: a special token's text inside a document
                 encs[i] = _escaping(tok_dir).encode(t, add_special_tokens=False)
-    return encs
+    lengths = np.fromiter(map(len, encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lengths.sum()))
+    cuts = {} if cut is None else {i: encs[i].offsets[cut - 1][1] for i in np.flatnonzero(lengths > cut).tolist()}
+    return _Encoded(lengths, ids, cuts)
 
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
@@ -236,8 +254,8 @@ def _encode_pool() -> ThreadPoolExecutor:
 class _ShardBuilder:
     """Encoded batches -> the shard's token array and segment table, with numpy instead of a loop per token.
 
-    Per batch, Python touches each kept document once, to read its ids; lengths, drops, pieces,
-    EOS/BOS placement and segment rows are array operations.
+    Lengths, drops, pieces, EOS/BOS placement and segment rows are array operations; Python touches a
+    kept document only to index its language and source.
     """
 
     def __init__(self, cfg: TokenizeConfig, dtype: np.dtype, eos: int, bos: int | None) -> None:
@@ -255,27 +273,25 @@ class _ShardBuilder:
         if n:
             self.dropped[reason] += n
 
-    def add(self, batch: _Batch, keys: tuple[np.ndarray, ...], encs: list[Any]) -> None:
+    def add(self, batch: _Batch, keys: tuple[np.ndarray, ...], enc: _Encoded) -> None:
         split, group, order, child = keys
-        n = np.fromiter(map(len, encs), dtype=np.int64, count=len(encs))
-        self.counts["docs"] += len(encs)
+        n = enc.lengths
+        self.counts["docs"] += n.size
         live = split != DROPPED
         short = live & (n < self.cfg.min_tokens)
-        self._drop("child_of_val", len(encs) - int(live.sum()))
+        self._drop("child_of_val", n.size - int(live.sum()))
         self._drop("too_short", int(short.sum()))
         kept = np.flatnonzero(live & ~short)
         if not kept.size:
             return
         k, nk = kept.tolist(), n[kept]
-        raw = np.fromiter(chain.from_iterable(encs[i].ids for i in k), dtype=self.dtype, count=int(nk.sum()))
+        raw = enc.ids if kept.size == n.size else gather(enc.ids, (np.cumsum(n) - n)[kept], nk)
         cdoc, ci, clen = self._pieces(nk)
         n_bytes = batch.n_bytes[kept]
         if clen.sum() < raw.size:  # truncated: keep each piece's head; bytes up to its last token
             raw = gather(raw, (np.cumsum(nk) - nk)[cdoc], clen)
-            m = self.cfg.max_tokens
             for j in np.flatnonzero(nk > clen).tolist():
-                i = k[j]
-                n_bytes[j] = len(batch.texts[i][: encs[i].offsets[m - 1][1]].encode("utf-8"))
+                n_bytes[j] = len(batch.texts[k[j]][: enc.cut_chars[k[j]]].encode("utf-8"))
         out, starts, seg_len = self._place(raw, clen)
         langs = self.langs
         sources = self.sources
@@ -335,17 +351,18 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
     tok, special_re, meta = _tokenizer(tok_dir)
     if cfg.add_bos and meta.get("bos_id") is None:
         raise ValueError("tokenize.add_bos: the tokenizer has no bos token")
-    builder = _ShardBuilder(cfg, token_dtype(meta["vocab_size"]), meta["eos_id"], meta.get("bos_id"))
+    dtype = token_dtype(meta["vocab_size"])
+    builder = _ShardBuilder(cfg, dtype, meta["eos_id"], meta.get("bos_id"))
+    cut = cfg.max_tokens if cfg.long_docs == "truncate" else None
     gc_was_on = gc.isenabled()
     gc.disable()  # many small allocations and no cycles: the collector only costs time here
     try:
         # encoding releases the GIL: encode batch k+1 in a thread while Python hashes its ids and packs
         # batch k
         pool = _encode_pool()
-        offsets = cfg.max_tokens is not None and cfg.long_docs == "truncate"
-        pending: tuple[_Batch, tuple[np.ndarray, ...], Future[list[Any]]] | None = None
+        pending: tuple[_Batch, tuple[np.ndarray, ...], Future[_Encoded]] | None = None
         for batch in _read_batches(path, cfg.batch_size, cfg.batch_chars):
-            fut = pool.submit(_encode, tok, special_re, tok_dir, batch.texts, offsets)
+            fut = pool.submit(_encode, tok, special_re, tok_dir, batch.texts, dtype, cut)
             keys = batch_keys(batch.ids, [m.get("parent_id") for m in batch.metas], cfg)
             if pending is not None:
                 builder.add(pending[0], pending[1], pending[2].result())
@@ -448,12 +465,21 @@ class Packer:
 
 
 def gather(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate ``arr[s : s + n]`` for each (s, n) without a Python loop."""
+    """Concatenate ``arr[s : s + n]`` for each (s, n) without a Python loop per segment.
+
+    Segments that continue where the previous one ended are copied as one slice: a split keeps most
+    of a shard's segments in order, so this is a few ``memcpy`` instead of an index per token.
+    """
     total = int(lengths.sum())
     if total == 0:
         return arr[:0]
-    ends = np.cumsum(lengths)
-    idx = np.arange(total) - np.repeat(ends - lengths, lengths) + np.repeat(starts, lengths)
+    ends = starts + lengths
+    brk = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+    if brk.size * 64 < total:  # long runs: slice copies
+        first, last = np.r_[0, brk], np.r_[brk - 1, starts.size - 1]
+        return np.concatenate([arr[s:e] for s, e in zip(starts[first].tolist(), ends[last].tolist(), strict=True)])
+    cum = np.cumsum(lengths)
+    idx = np.arange(total) - np.repeat(cum - lengths, lengths) + np.repeat(starts, lengths)
     return arr[idx]
 
 
@@ -507,19 +533,26 @@ def plan_copies(shards: list[dict[str, Any]], langs: list[str], sources: list[st
         np.zeros(0, np.int64)
     row_of = np.concatenate([np.arange(len(s["segs"])) for s in shards]) if shards else np.zeros(0, np.int64)
     train = all_segs[:, 4] == TRAIN
-    groups: dict[tuple[str, str], int] = defaultdict(int)
-    for li, si, n in zip(all_segs[train, 2].tolist(), all_segs[train, 3].tolist(), all_segs[train, 1].tolist(),
-                         strict=True):
-        groups[(langs[li], sources[si])] += n
-    mult = mixing_multipliers(dict(groups), cfg)
-    copies = [np.zeros(len(s["segs"]), dtype=np.int64) for s in shards]
+    # train tokens per (language, source), the groups in order of first appearance
+    gid = all_segs[train, 2] * max(1, len(sources)) + all_segs[train, 3]
+    uniq, first, inv = np.unique(gid, return_index=True, return_inverse=True)
+    sums = _sum_by(inv.reshape(-1), all_segs[train, 1], len(uniq))
+    groups = {(langs[int(g) // max(1, len(sources))], sources[int(g) % max(1, len(sources))]): int(sums[j])
+              for j, g in sorted(enumerate(uniq.tolist()), key=lambda x: first[x[0]])}
+    mult = mixing_multipliers(groups, cfg)
+    flat = np.zeros(len(all_segs), dtype=np.int64)
     for (lang, src), m in sorted(mult.items()):
         sel = np.nonzero(train & (all_segs[:, 2] == langs.index(lang)) & (all_segs[:, 3] == sources.index(src)))[0]
         order = sel[np.lexsort((row_of[sel], shard_of[sel], all_segs[sel, 6]))]
-        k = copies_by_error_diffusion(all_segs[order, 1], m)
-        for i, c in zip(order.tolist(), k.tolist(), strict=True):
-            copies[shard_of[i]][row_of[i]] = c
-    return copies, mult
+        flat[order] = copies_by_error_diffusion(all_segs[order, 1], m)
+    return np.split(flat, np.cumsum([len(s["segs"]) for s in shards])[:-1]) if shards else [], mult
+
+
+def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """``out[i] = values[index == i].sum()`` for i < n, in exact int64."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, index, values)
+    return out
 
 
 def pack(shards: list[dict[str, Any]], copies: list[np.ndarray], out: Path, cfg: TokenizeConfig,
@@ -548,37 +581,35 @@ def pack(shards: list[dict[str, Any]], copies: list[np.ndarray], out: Path, cfg:
     return {"train": train.close(), "val": val.close()}
 
 
+def _per_language(shards: list[dict[str, Any]], copies: list[np.ndarray] | None, n_langs: int) -> dict[str, np.ndarray]:
+    """Per-language sums over the segment tables (int64 arrays indexed like ``langs``)."""
+    segs = np.concatenate([s["segs"] for s in shards]) if shards else np.zeros((0, SEG_COLS), np.int64)
+    lang, n, split = segs[:, 2], segs[:, 1], segs[:, 4]
+    tr, va = split == TRAIN, split == VAL
+    out = {"before": _sum_by(lang[tr], n[tr], n_langs), "val_tokens": _sum_by(lang[va], n[va], n_langs),
+           "val_bytes": _sum_by(lang[va], segs[va, 5], n_langs),
+           "val_docs": _sum_by(lang[va], (segs[va, 5] > 0).astype(np.int64), n_langs)}
+    if copies is not None:
+        k = np.concatenate(copies) if copies else np.zeros(0, np.int64)
+        out["after"] = _sum_by(lang[tr], n[tr] * k[tr], n_langs)
+    return out
+
+
 def _language_table(shards: list[dict[str, Any]], copies: list[np.ndarray], langs: list[str],
                     cfg: TokenizeConfig) -> list[dict[str, Any]]:
-    before: dict[str, int] = defaultdict(int)
-    after: dict[str, int] = defaultdict(int)
-    val: dict[str, int] = defaultdict(int)
-    for s, c in zip(shards, copies, strict=True):
-        for row, k in zip(s["segs"].tolist(), c.tolist(), strict=True):
-            lang = langs[row[2]]
-            if row[4] == TRAIN:
-                before[lang] += row[1]
-                after[lang] += row[1] * k
-            elif row[4] == VAL:
-                val[lang] += row[1]
-    tb, ta = sum(before.values()) or 1, sum(after.values()) or 1
-    return [{"lang": lang, "train_tokens_before": before[lang], "train_tokens_after": after[lang],
-             "share_before": round(before[lang] / tb, 4), "share_after": round(after[lang] / ta, 4),
+    per = {k: v.tolist() for k, v in _per_language(shards, copies, len(langs)).items()}
+    before, after, val = per["before"], per["after"], per["val_tokens"]
+    tb, ta = sum(before) or 1, sum(after) or 1
+    return [{"lang": lang, "train_tokens_before": before[i], "train_tokens_after": after[i],
+             "share_before": round(before[i] / tb, 4), "share_after": round(after[i] / ta, 4),
              "target_share": cfg.language_shares.get(lang) if cfg.language_shares else None,
-             "val_tokens": val[lang]} for lang in langs]
+             "val_tokens": val[i]} for i, lang in enumerate(langs)]
 
 
 def _val_meta(shards: list[dict[str, Any]], langs: list[str]) -> dict[str, Any]:
-    per: dict[str, dict[str, int]] = {lang: {"docs": 0, "bytes": 0, "tokens": 0} for lang in langs}
-    for s in shards:
-        for row in s["segs"].tolist():
-            if row[4] != VAL:
-                continue
-            p = per[langs[row[2]]]
-            p["docs"] += 1 if row[5] > 0 else 0
-            p["bytes"] += row[5]
-            p["tokens"] += row[1]
-    per = {k: v for k, v in per.items() if v["tokens"]}
+    sums = {k: v.tolist() for k, v in _per_language(shards, None, len(langs)).items()}
+    per = {lang: {"docs": sums["val_docs"][i], "bytes": sums["val_bytes"][i], "tokens": sums["val_tokens"][i]}
+           for i, lang in enumerate(langs) if sums["val_tokens"][i]}
     return {"languages": langs, "per_language": per,
             "total_docs": sum(v["docs"] for v in per.values()),
             "total_bytes": sum(v["bytes"] for v in per.values()),
