@@ -15,7 +15,15 @@ from pydantic import ValidationError
 from llmpipe.document import Document
 from llmpipe.tokenization.config import TokenizeConfig
 from llmpipe.tokenization.dataset import IGNORE_INDEX, PackedDataset
-from llmpipe.tokenization.pack import assign_split, gather, run_tokenize, token_dtype
+from llmpipe.tokenization.pack import (
+    DROPPED,
+    assign_split,
+    batch_keys,
+    encode_shard,
+    gather,
+    run_tokenize,
+    token_dtype,
+)
 from llmpipe.tokenization.tokenizer import load_for_encoding
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -222,3 +230,53 @@ def test_tiny_corpus_still_gets_min_val_docs_without_leaks(pipeline_dirs, synth,
     assert not any(t == v + " AUG" for t in train for v in val)  # the moved docs' children are gone
     assert st["dropped"] == {"child_of_val": 2} and st["kept"] + 2 == st["docs"] == 16
     assert len(train) == 12
+
+
+def test_batch_keys_match_assign_split() -> None:
+    ids = [f"doc{i}" for i in range(400)]
+    parents: list[str | None] = [None if i % 3 else f"doc{i // 2}" for i in range(400)]
+    parents[5], parents[7] = "", None  # an empty parent id is no parent
+    for cfg in (TokenizeConfig(), TokenizeConfig(val_fraction=0.3, split_salt="s"), TokenizeConfig(val_fraction=0.0),
+                TokenizeConfig(val_fraction=0.999)):
+        split, group, order, child = batch_keys(ids, parents, cfg)
+        for i, (doc, parent) in enumerate(zip(ids, parents, strict=True)):
+            s, g, o = assign_split(doc, parent, cfg)
+            assert (split[i], group[i], order[i], child[i]) == (DROPPED if s is None else s, g, o, int(bool(parent)))
+    assert [a.size for a in batch_keys([], [], TokenizeConfig())] == [0, 0, 0, 0]
+
+
+def test_encoded_shard_does_not_depend_on_batching(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    """Batch size and characters per batch only pace the encoder: same bytes, same stats."""
+    docs = synth(60, 30, seed=14)
+    docs += [Document(f"{d.id}-aug", d.text + " AUG", d.source, {**d.metadata, "parent_id": d.id}) for d in docs[:40]]
+    docs.append(Document("long", " ".join(["river city house <|endoftext|>"] * 40), "s", {"lang": "en"}))
+    dirs = pipeline_dirs([docs])
+    path, tok = str(next((dirs["augment"] / "shards").glob("*.parquet"))), str(dirs["tokenizer"])
+    for extra in ({}, {"max_tokens": 12, "long_docs": "truncate", "add_bos": True}, {"max_tokens": 9, "min_tokens": 3}):
+        outs = []
+        for k, batching in enumerate(({}, {"batch_size": 7, "batch_chars": 300})):
+            out = tmp_path / f"enc-{len(extra)}-{k}"
+            out.mkdir()
+            st = encode_shard((path, tok, TokenizeConfig(val_fraction=0.3, **extra, **batching)), out)
+            outs.append((st, [(f.name, f.read_bytes()) for f in sorted(out.iterdir())]))
+        assert outs[0] == outs[1]
+        assert outs[0][0]["dropped"].get("child_of_val") and outs[0][0]["docs"] == len(docs)
+
+
+def test_gather_copies_runs_and_scattered_segments_alike() -> None:
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 60000, 50_000).astype(np.uint16)
+    for trial in range(60):
+        n = int(rng.integers(0, 300))
+        if trial % 2:  # mostly contiguous, as a split's segments are
+            lengths = rng.integers(0, 200, n)
+            starts = np.cumsum(lengths) - lengths
+            keep = rng.random(n) < 0.95
+            starts, lengths = starts[keep], lengths[keep]
+        else:
+            lengths, starts = rng.integers(0, 40, n), rng.integers(0, 49_000, n)
+        fits = starts + lengths <= arr.size
+        starts, lengths = starts[fits], lengths[fits]
+        want = [arr[s : s + m] for s, m in zip(starts.tolist(), lengths.tolist(), strict=True)]
+        got = gather(arr, starts, lengths)
+        assert got.dtype == arr.dtype and got.tolist() == (np.concatenate(want).tolist() if want else [])
