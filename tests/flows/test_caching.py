@@ -95,12 +95,15 @@ def test_sigkill_mid_stage_leaves_no_half_artifact(tmp_path: Path) -> None:
             break
         time.sleep(0.05)
     assert proc.poll() is None, "ingest finished before it could be killed; make the corpus bigger"
-    time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     published = [p for p in ingest_root.iterdir() if not p.name.startswith((".", "_"))]
     assert not published, f"a killed run published {published}"
-    assert not list((ingest_root / "_shards").glob("*/_DONE.json"))
+    # a shard result is renamed into place only when complete: finished ones may stay (a rerun reuses
+    # them), half ones live under ".tmp-" names that nothing trusts
+    shard_root = ingest_root / "_shards"
+    kept = [d for d in shard_root.iterdir() if not d.name.startswith(".")] if shard_root.is_dir() else []
+    assert all((d / "_DONE.json").is_file() for d in kept), kept
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     from llmpipe.store import ArtifactStore
