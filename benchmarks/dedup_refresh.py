@@ -51,7 +51,6 @@ import gc
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +68,7 @@ import llmpipe.curation.dedup.stage  # noqa: E402,F401  (registers the stage)
 from llmpipe.curation.config import DedupConfig, RedisSettings  # noqa: E402
 from llmpipe.curation.dedup.minhash import signatures  # noqa: E402
 from llmpipe.document import Document, iter_documents, shard_paths  # noqa: E402
+from llmpipe.ops.process import free_port  # noqa: E402
 from llmpipe.stage import STAGES, LocalRunner, StageContext  # noqa: E402
 from llmpipe.store import Artifact, ArtifactStore, hash_json  # noqa: E402
 
@@ -157,9 +157,7 @@ def redis_server(tmp: Path) -> Iterator[tuple[int, Callable[[], float]] | None]:
         return
     import redis
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tick = os.sysconf("SC_CLK_TCK")

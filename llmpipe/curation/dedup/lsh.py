@@ -224,11 +224,8 @@ class DatasketchIndex:
             cfg = dict(storage or {})
             cfg["basename"] = meta["basename"].encode()
             return cls.create(threshold, num_perm, params, seed, cfg)
-        meta.setdefault("base", {"file": BASE_FILE, "docs": None})
         with _gc_paused(), open(index_dir / meta["base"]["file"], "rb") as f:
             index = cls(pickle.load(f), seed, meta, src=index_dir)
-        if meta["base"]["docs"] is None:
-            meta["base"]["docs"] = len(index.lsh.keys)
         for d in meta.get("deltas", []):
             with np.load(index_dir / d["file"]) as z:
                 index.bulk_insert(z["idx"], z["bands"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmpipe.curation.config import DedupConfig, RedisSettings
+from llmpipe.ops.process import free_port
 from llmpipe.store import ArtifactStore
 from tests.unit.dedup.dedup_testlib import publish_input, run_dedup
 from tests.unit.dedup.test_dedup_stage import _decisions, _planted_corpus
@@ -20,15 +20,9 @@ REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server not installed (scripts/install.sh adds it)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def redis_port(tmp_path: Path) -> Iterator[int]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
