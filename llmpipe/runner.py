@@ -88,13 +88,19 @@ def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
     return out
 
 
+def check_stage_range(start: str | None, until: str | None, names: list[str] | None = None) -> None:
+    """Raise ValueError naming the option when --from or --until is not a stage (no keys computed)."""
+    names = list(load_stages()) if names is None else names
+    for opt, val in (("--from", start), ("--until", until)):
+        if val is not None and val not in names:
+            raise ValueError(f"{opt} {val}: unknown stage; stages: {', '.join(names)}")
+
+
 def select(planned: dict[str, PlannedStage], flow: str | None = None, start: str | None = None,
            until: str | None = None) -> list[PlannedStage]:
     """The stages a run executes: a flow's stages (``None``/``lifecycle``: all), cut by --from/--until."""
     names = list(planned)
-    for opt, val in (("--from", start), ("--until", until)):
-        if val is not None and val not in planned:
-            raise ValueError(f"{opt} {val}: unknown stage; stages: {', '.join(names)}")
+    check_stage_range(start, until, names)
     lo = names.index(start) if start else 0
     hi = names.index(until) if until else len(names) - 1
     chosen = [planned[n] for n in names[lo : hi + 1]]

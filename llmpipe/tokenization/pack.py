@@ -201,7 +201,7 @@ def _read_batches(path: str, size: int, max_chars: int) -> Iterator[_Batch]:
     the other per-document work. Characters are counted as UTF-8 bytes (never fewer); batch
     boundaries never change the output.
     """
-    for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=_COLUMNS):
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=_COLUMNS, use_threads=False):
         ids, texts, sources = (rb.column(c).to_pylist() for c in ("id", "text", "source"))
         metas = _parse_metadata(rb.column("metadata").to_pylist())
         n_bytes = _utf8_lengths(rb.column("text"), texts)
