@@ -10,7 +10,8 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,7 +22,13 @@ from prefect.utilities.annotations import quote
 from llmpipe.config import load_config
 from llmpipe.runner import open_store, plan, resolve_upstream, select, summarize_stats
 from llmpipe.store import Artifact
-from tasks.stages import link_cached_reports, publish_reports, stage_task_for
+from tasks.stages import (
+    latest_descriptions,
+    link_cached_reports,
+    publish_reports,
+    report_keys,
+    stage_task_for,
+)
 
 DEFAULT_CONFIG = "configs/tiny.yaml"
 log = logging.getLogger(__name__)
@@ -106,8 +113,17 @@ def run_flow(flow: str, config: str, overrides: list[str] | None, from_stage: st
 
 def _run_stages(flow: str, chosen: list[Any], planned: dict[str, Any], arts: dict[str, Any], store: Any,
                 stage_task: Any, cfg_dict: dict[str, Any], rows: list[dict[str, Any]], logger: Any) -> None:
-    """Each chosen stage as a task, in order; a row per stage; the stage table and reused reports at the end."""
+    """Each chosen stage as a task, in order; a row per stage; the stage table and reused reports at the end.
+
+    The API calls around the stages run in threads, so a no-change rerun does not wait for the server
+    three times in a row: which reports the server already shows is asked while the stages run
+    (for the stages whose artifacts are in the store now), and the stage table and the reused-reports
+    note are created together at the end.
+    """
     reused: list[Artifact] = []
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmpipe-api")
+    present = [a for a in (store.get(ps.name, ps.key, verify=False) for ps in chosen) if a is not None]
+    shown = _in_thread(pool, latest_descriptions, report_keys(present))
     try:
         for ps in chosen:
             t0 = time.time()
@@ -130,8 +146,26 @@ def _run_stages(flow: str, chosen: list[Any], planned: dict[str, Any], arts: dic
                          "seconds": round(time.time() - t0, 2), "counts": summarize_stats(result["stats"])})
             logger.info("stage %-10s %s  %s", ps.name, rows[-1]["status"], ps.key[:12])
     finally:
+        calls = []
         if rows:
-            create_table_artifact(table=rows, key=f"{flow.replace('_', '-')}-stages",
-                                  description=f"{flow}: stages, keys, cached or ran, seconds, counts")
+            calls.append(_in_thread(pool, create_table_artifact, table=rows, key=f"{flow.replace('_', '-')}-stages",
+                                    description=f"{flow}: stages, keys, cached or ran, seconds, counts"))
         if reused:
-            link_cached_reports(reused, flow)
+            link_cached_reports(reused, flow, latest=_answer(shown))
+        for call in calls:
+            call.result()
+        pool.shutdown(wait=True)
+
+
+def _in_thread(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+    """``fn`` in ``pool`` with this thread's context (the flow run that artifacts attach to, settings)."""
+    return pool.submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+def _answer(fut: Future[dict[str, str]]) -> dict[str, str] | None:
+    """The prefetched answer, or None (ask again) when that call failed."""
+    try:
+        return fut.result()
+    except Exception:
+        log.debug("prefetching the published reports failed", exc_info=True)
+        return None

@@ -143,19 +143,25 @@ def publish_reports(art: Artifact, stage: str) -> list[str]:
     return keys
 
 
-def link_cached_reports(cached: list[Artifact], flow: str) -> None:
+def report_keys(arts: list[Artifact]) -> list[str]:
+    """The artifact keys of every report these stage artifacts hold."""
+    return [report_key(a.stage, rep) for a in arts for rep in stage_reports(a)]
+
+
+def link_cached_reports(cached: list[Artifact], flow: str, latest: dict[str, str] | None = None) -> None:
     """One markdown artifact that points at the reports of the stages this run reused.
 
     Re-creating every report of every reused stage would cost one API call per report on each
     rerun (20 on the tiny DAG, about a second of a no-change rerun). The reports are keyed artifacts,
     so their latest version is one click away; one query finds the keys whose latest version on
     this server is not from the reused artifact (a fresh server, or the stage last ran with other
-    settings), and only those are published again.
+    settings), and only those are published again. ``latest``: that query's answer, when the caller
+    asked it earlier (keys missing from it count as not published).
     """
     from prefect.settings import get_current_settings
 
     wanted = {report_key(a.stage, rep): a for a in cached for rep in stage_reports(a)}
-    latest = _latest_descriptions(list(wanted))
+    latest = latest_descriptions(list(wanted)) if latest is None else latest
     for art in {a.stage: a for k, a in wanted.items() if _origin(a) not in latest.get(k, "")}.values():
         publish_reports(art, art.stage)
     ui = (get_current_settings().ui_url or "").rstrip("/")
@@ -169,7 +175,7 @@ def link_cached_reports(cached: list[Artifact], flow: str) -> None:
         key=f"{flow.replace('_', '-')}-reused", description=f"{flow}: stages reused from the store, their reports")
 
 
-def _latest_descriptions(keys: list[str]) -> dict[str, str]:
+def latest_descriptions(keys: list[str]) -> dict[str, str]:
     """Artifact key -> description of its latest version on the server (one API call)."""
     if not keys:
         return {}

@@ -161,3 +161,35 @@ def test_cli_flow_run_emits_its_own_heartbeats_and_ends_without_waiting(prefect_
     flows_related = [r for r in beat["related"] if r["prefect.resource.role"] == "flow"]
     assert flows_related and flows_related[0]["prefect.resource.id"] == f"prefect.flow.{seen['flow_id']}"
     assert flows_related[0]["prefect.resource.name"] == "heartbeat-probe"
+
+
+def test_rerun_links_the_reused_stages_reports_instead_of_republishing(prefect_server, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    def latest(keys: list[str]) -> dict[str, object]:
+        with get_client(sync_client=True) as client:
+            found = client.read_latest_artifacts(
+                artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=keys)), limit=50)
+        return {c.key: c for c in found}
+
+    from llmpipe.store import ArtifactStore
+    from tasks.stages import report_keys
+
+    _corpus(tmp_path)
+    first = _run(tmp_path)
+    store = ArtifactStore(tmp_path / "store")
+    arts = [store.get(s, next((tmp_path / "store" / s).glob(r["key"] + "*")).name) for s, r in first.items()]
+    keys = report_keys([a for a in arts if a is not None])
+    assert keys, "the curation stages publish reports (language and rejection tables)"
+    published = latest(keys)
+    assert set(published) == set(keys)
+
+    again = _run(tmp_path)
+    assert all(r["state"] == "Cached" for r in again.values())
+    now = latest([*keys, "data-refresh-reused", "data-refresh-stages"])
+    assert {k: now[k].latest_id for k in keys} == {k: published[k].latest_id for k in keys}  # not re-created
+    note = now["data-refresh-reused"].data
+    assert all(f"| {s} |" in note for s in again) and all(k in note for k in keys)
+    table = now["data-refresh-stages"].data
+    assert [row["stage"] for row in (json.loads(table) if isinstance(table, str) else table)] == list(again)
