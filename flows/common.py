@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from prefect.artifacts import create_table_artifact
+from prefect.flows import Flow
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
@@ -88,6 +89,47 @@ def flow_run_heartbeats(seconds: int | None) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(timeout=2)
+
+
+class PlainParamsFlow(Flow):
+    """A Prefect flow that stores plain JSON parameters as they are.
+
+    Prefect passes every flow parameter through FastAPI's ``jsonable_encoder`` before creating the
+    run, which imports FastAPI (0.15-0.25 s) in every ``llmpipe run``. Our flows take strings and
+    lists of strings; anything else (or any other type) still goes through Prefect's encoder.
+    """
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        if all(_plain_json(v) for v in parameters.values()):
+            return {k: _copy_json(v) for k, v in parameters.items()}
+        return super().serialize_parameters(parameters)
+
+
+def llmpipe_flow(name: str) -> Callable[[Callable[..., Any]], PlainParamsFlow]:
+    """``@prefect.flow(name=..., log_prints=True)``, building a :class:`PlainParamsFlow`."""
+    return lambda fn: PlainParamsFlow(fn=fn, name=name, log_prints=True)
+
+
+def _plain_json(value: Any) -> bool:
+    """None, str, int, bool, a finite float, or lists and str-keyed dicts of them (exact types only)."""
+    kind = type(value)
+    if value is None or kind in (str, int, bool):
+        return True
+    if kind is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    if kind is list:
+        return all(_plain_json(v) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v) for k, v in value.items())
+    return False
+
+
+def _copy_json(value: Any) -> Any:
+    if type(value) is list:
+        return [_copy_json(v) for v in value]
+    if type(value) is dict:
+        return {k: _copy_json(v) for k, v in value.items()}
+    return value
 
 
 def run_flow(flow: str, config: str, overrides: list[str] | None, from_stage: str | None = None,

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
-
-from flows.common import DEFAULT_CONFIG, run_flow
+from flows.common import DEFAULT_CONFIG, llmpipe_flow, run_flow
 
 
-@flow(name="data-refresh", log_prints=True)
+@llmpipe_flow(name="data-refresh")
 def data_refresh(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, from_stage: str | None = None,
        until: str | None = None) -> list[dict[str, Any]]:
     """Ingest and curate the sources, train the tokenizer, pack tokens (the nightly refresh)."""

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
-
-from flows.common import DEFAULT_CONFIG, run_flow
+from flows.common import DEFAULT_CONFIG, llmpipe_flow, run_flow
 
 
-@flow(name="lifecycle", log_prints=True)
+@llmpipe_flow(name="lifecycle")
 def lifecycle(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, from_stage: str | None = None,
        until: str | None = None) -> list[dict[str, Any]]:
     """Every stage, raw text to a served model."""

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
-
-from flows.common import DEFAULT_CONFIG, run_flow
+from flows.common import DEFAULT_CONFIG, llmpipe_flow, run_flow
 
 
-@flow(name="release", log_prints=True)
+@llmpipe_flow(name="release")
 def release(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, from_stage: str | None = None,
        until: str | None = None) -> list[dict[str, Any]]:
     """Quantize the evaluated model, gate on quality, deploy it to Triton."""

@@ -47,3 +47,30 @@ def test_failed_stage_exit_1_names_it(project: Path, capsys: pytest.CaptureFixtu
     (project / "p.yaml").write_text("sources:\n  - name: web\n    path: nowhere\n")
     assert main(["run", "p.yaml", "--no-prefect", "--until", "ingest"]) == 2
     assert "sources.web.path" in capsys.readouterr().err
+
+
+def test_flows_store_plain_parameters_as_they_are_and_encode_the_rest_like_prefect() -> None:
+    """Our flows skip FastAPI's encoder (and its import) only where it would return the same thing."""
+    import enum
+    from datetime import date
+
+    from fastapi.encoders import jsonable_encoder
+
+    from flows.common import PlainParamsFlow
+    from flows.lifecycle import lifecycle
+
+    assert isinstance(lifecycle, PlainParamsFlow)
+    plain = {"config": "configs/tiny.yaml", "overrides": ["train.lr=3e-4", "sources=[{name: a}]"],
+             "from_stage": None, "until": "dedup", "n": 3, "x": 0.5, "ok": True, "d": {"k": [1, "v"]}}
+    got = lifecycle.serialize_parameters(plain)
+    assert got == jsonable_encoder(plain)
+    assert got["overrides"] is not plain["overrides"]  # a copy, as the encoder gives
+
+    class Mode(enum.IntEnum):
+        FAST = 1
+
+    other = {"when": date(2026, 11, 30), "mode": Mode.FAST, "pair": ("a", "b"), "nan": float("nan")}
+    expected = {k: jsonable_encoder(v) for k, v in other.items()}
+    got = lifecycle.serialize_parameters(other)  # not plain JSON: Prefect's own path
+    assert {k: v for k, v in got.items() if k != "nan"} == {k: v for k, v in expected.items() if k != "nan"}
+    assert got["when"] == "2026-11-30" and got["mode"] == 1 and got["pair"] == ["a", "b"]
