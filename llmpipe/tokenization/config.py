@@ -62,6 +62,9 @@ class TokenizeConfig(Section):
     sequences_per_shard: int = Field(8192, gt=0)
     batch_size: int = run_setting(4096, gt=0, description="documents per encode_batch call")
     batch_chars: int = run_setting(4_000_000, gt=0, description="characters per encode_batch call at most")
+    piece_docs: int = run_setting(
+        2048, gt=0, description="documents per encode task: larger shards are split so every worker stays busy "
+                                "to the end (the output does not depend on it)")
 
     @field_validator("val_fraction")
     @classmethod

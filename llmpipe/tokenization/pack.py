@@ -194,14 +194,30 @@ def _utf8_lengths(arr: Any, texts: list[str]) -> np.ndarray:
     return np.diff(offsets).astype(np.int64)
 
 
-def _read_batches(path: str, size: int, max_chars: int) -> Iterator[_Batch]:
-    """A shard's documents in batches of at most ``size`` documents or about ``max_chars`` characters.
+def _record_batches(path: str, size: int, start: int, stop: int | None) -> Iterator[Any]:
+    """Rows ``[start, stop)`` of a shard as Arrow record batches of at most ``size`` rows.
+
+    ``use_threads=False``: workers already run in parallel, and pyarrow's thread pool, started
+    afresh in a forked worker whose parent encoded before, cost 0.2-0.4 CPU-s on its first read.
+    """
+    at = 0
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=_COLUMNS, use_threads=False):
+        lo, hi = max(start - at, 0), rb.num_rows if stop is None else min(stop - at, rb.num_rows)
+        at += rb.num_rows
+        if hi > lo:
+            yield rb if (lo, hi) == (0, rb.num_rows) else rb.slice(lo, hi - lo)
+        if stop is not None and at >= stop:
+            return
+
+
+def _read_batches(path: str, size: int, max_chars: int, start: int = 0, stop: int | None = None) -> Iterator[_Batch]:
+    """Rows ``[start, stop)`` of a shard in batches of at most ``size`` documents or about ``max_chars`` characters.
 
     Reads the columns with pyarrow: a ``Document`` per row (``iter_documents``) cost as much as all
     the other per-document work. Characters are counted as UTF-8 bytes (never fewer); batch
     boundaries never change the output.
     """
-    for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=_COLUMNS, use_threads=False):
+    for rb in _record_batches(path, size, start, stop):
         ids, texts, sources = (rb.column(c).to_pylist() for c in ("id", "text", "source"))
         metas = _parse_metadata(rb.column("metadata").to_pylist())
         n_bytes = _utf8_lengths(rb.column("text"), texts)
@@ -345,9 +361,9 @@ class _ShardBuilder:
         return {**self.counts, "kept": kept, "dropped": dict(self.dropped), "tokens": int(tokens.size)}
 
 
-def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[str, Any]:
-    """Pass 1 for one input shard: ``tokens.bin``, ``segments.npy`` and ``shard.json`` in ``out_dir``."""
-    path, tok_dir, cfg = arg
+def encode_shard(arg: tuple[str, str, TokenizeConfig, int, int | None], out_dir: Path) -> dict[str, Any]:
+    """Pass 1 for rows ``[start, stop)`` of an input shard: ``tokens.bin``, ``segments.npy``, ``shard.json``."""
+    path, tok_dir, cfg, start, stop = arg
     tok, special_re, meta = _tokenizer(tok_dir)
     if cfg.add_bos and meta.get("bos_id") is None:
         raise ValueError("tokenize.add_bos: the tokenizer has no bos token")
@@ -361,7 +377,7 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
         # batch k
         pool = _encode_pool()
         pending: tuple[_Batch, tuple[np.ndarray, ...], Future[_Encoded]] | None = None
-        for batch in _read_batches(path, cfg.batch_size, cfg.batch_chars):
+        for batch in _read_batches(path, cfg.batch_size, cfg.batch_chars, start, stop):
             fut = pool.submit(_encode, tok, special_re, tok_dir, batch.texts, dtype, cut)
             keys = batch_keys(batch.ids, [m.get("parent_id") for m in batch.metas], cfg)
             if pending is not None:
@@ -373,6 +389,19 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig], out_dir: Path) -> dict[st
         if gc_was_on:
             gc.enable()
     return builder.finish(out_dir)
+
+
+def pieces(rows: int, piece_docs: int) -> list[tuple[int, int | None]]:
+    """Row ranges of about equal size, none over ``piece_docs``; one open range for a small shard.
+
+    Pieces are the encode tasks. With a few large shards, whole shards as tasks leave a worker idle
+    while another finishes its last shard; pieces in shard order give the same output.
+    """
+    n = max(1, -(-rows // piece_docs))
+    if n == 1:
+        return [(0, None)]
+    bounds = [rows * i // n for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 # -- pass 2: mixing ---------------------------------------------------------------------------------
@@ -638,8 +667,9 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     enc_cfg = {k: v for k, v in cfg.key_dict().items()
                if k in ("val_fraction", "split_salt", "min_tokens", "max_tokens", "long_docs", "add_bos")}
     tok_key = ctx.input_keys.get("tokenizer", "")
-    items = [(hash_json(["tokenize-encode", VERSION, enc_cfg, tok_key, input_shard_digest(src, p)]),
-              (str(p), str(tok_dir), cfg)) for p in shard_paths(src)]
+    items = [(hash_json(["tokenize-encode", VERSION, enc_cfg, tok_key, input_shard_digest(src, p), start, stop]),
+              (str(p), str(tok_dir), cfg, start, stop))
+             for p in shard_paths(src) for start, stop in pieces(pq.ParquetFile(p).metadata.num_rows, cfg.piece_docs)]
     results = ctx.cached_map(encode_shard, items, desc="encode")
     shards, langs, sources = _load_shards(results)
     moved_children = ensure_min_val(shards, cfg)

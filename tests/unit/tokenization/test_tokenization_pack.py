@@ -21,6 +21,7 @@ from llmpipe.tokenization.pack import (
     batch_keys,
     encode_shard,
     gather,
+    pieces,
     run_tokenize,
     token_dtype,
 )
@@ -257,10 +258,38 @@ def test_encoded_shard_does_not_depend_on_batching(pipeline_dirs, synth, make_ct
         for k, batching in enumerate(({}, {"batch_size": 7, "batch_chars": 300})):
             out = tmp_path / f"enc-{len(extra)}-{k}"
             out.mkdir()
-            st = encode_shard((path, tok, TokenizeConfig(val_fraction=0.3, **extra, **batching)), out)
+            st = encode_shard((path, tok, TokenizeConfig(val_fraction=0.3, **extra, **batching), 0, None), out)
             outs.append((st, [(f.name, f.read_bytes()) for f in sorted(out.iterdir())]))
         assert outs[0] == outs[1]
         assert outs[0][0]["dropped"].get("child_of_val") and outs[0][0]["docs"] == len(docs)
+
+
+def test_pieces_cover_every_row_once() -> None:
+    assert pieces(5, 2048) == [(0, None)] and pieces(0, 10) == [(0, None)]
+    for rows, per in ((5000, 2048), (4097, 4096), (10, 3), (12, 4), (2049, 2048)):
+        got = pieces(rows, per)
+        assert got[0][0] == 0 and got[-1][1] == rows and len(got) == -(-rows // per)
+        assert all(a[1] == b[0] for a, b in zip(got, got[1:], strict=False))
+        assert all(0 < stop - start <= per for start, stop in got)
+
+
+def test_output_does_not_depend_on_encode_pieces(pipeline_dirs, synth, make_ctx, tmp_path) -> None:
+    """Shards split into encode tasks of a few documents give the same bytes and stats as whole shards."""
+    originals = synth(70, 30, seed=21)
+    children = [Document(f"{d.id}-aug", d.text + " AUG", d.source, {**d.metadata, "parent_id": d.id})
+                for d in originals[::3]]
+    shards = [originals[:60] + children[:10], originals[60:] + children[10:]]
+    dirs = pipeline_dirs(shards)
+    cfg = {"seq_len": 16, "val_fraction": 0.2, "language_weights": {"zh": 1.7}, "max_tokens": 20, "add_bos": True}
+    runs = []
+    for k, (piece_docs, workers) in enumerate(((2048, 1), (7, 1), (7, 2))):
+        out = tmp_path / f"tok-{k}"
+        ctx, stats = _tokenize(make_ctx, dirs, out, workers=workers, piece_docs=piece_docs, **cfg)
+        files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+        runs.append((files, {key: v for key, v in stats.items() if key != "languages"}, stats["languages"]))
+    assert runs[0] == runs[1] == runs[2]
+    done = list((tmp_path / "store" / "tokenize").rglob("_DONE.json"))
+    assert len(done) == 2 + sum(len(pieces(len(docs), 7)) for docs in shards)  # pieces reused by the third run
 
 
 def test_gather_copies_runs_and_scattered_segments_alike() -> None:
