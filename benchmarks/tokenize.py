@@ -13,7 +13,7 @@ By default ours runs as the pipeline does (``runner.workers: 2``, shards in a pr
 baseline uses every core through the tokenizers thread pool. ``--workers 1`` runs ours in-process
 (one process, the tokenizers thread pool) and also prints the tokens-per-CPU-second ratio.
 
-    .venv/bin/python benchmarks/tokenize.py [--docs 20000] [--shards 4] [--workers 2] [--repeat 3]
+    .venv/bin/python benchmarks/tokenize.py [--docs 20000] [--shards 4] [--workers 2] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=20000)
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="shard processes for ours (runner.workers)")
-    ap.add_argument("--repeat", type=int, default=3, help="best of N runs per side")
+    ap.add_argument("--repeat", type=int, default=5, help="best of N runs per side (interleaved)")
     args = ap.parse_args()
     docs = make_docs(args.docs)
     with tempfile.TemporaryDirectory() as tmp:
