@@ -6,9 +6,12 @@ Exit codes: 0 ok, 2 bad config or usage (nothing ran), 1 a stage failed (the mes
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows = [{"stage": r.stage, "key": r.key[:12], "status": "ran" if r.ran else "cached",
                  "seconds": round(r.seconds, 2)} for r in run_pipeline(cfg, args.flow, args.from_stage, args.until)]
     else:
-        rows = run_flow_in_process(_flow_fn(args.flow), config=args.config, overrides=args.overrides,
+        with _gc_paused():
+            flow = _flow_fn(args.flow)  # imports Prefect
+        rows = run_flow_in_process(flow, config=args.config, overrides=args.overrides,
                                    from_stage=args.from_stage, until=args.until)
     _print_table(rows, ("stage", "key", "status", "state", "seconds", "counts"))
     return EXIT_OK
@@ -254,6 +259,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timezone", default=None, help="timezone of the nightly schedule (default UTC)")
     d.set_defaults(func=cmd_deploy)
     return p
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block.
+
+    Importing Prefect creates about 110,000 tracked objects that live as long as the process; the
+    collector's passes over them while they are created find nothing to free and cost 0.1-0.4
+    CPU-s of each ``llmpipe run`` (measured over 8 alternating runs of the imports).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _fast_exit() -> None:

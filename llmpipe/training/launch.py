@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmpipe.ops.process import free_port
 from llmpipe.training.worker import METRIC_PREFIX
 
 
@@ -48,12 +48,6 @@ class LaunchResult:
     summary: dict[str, Any]
     seconds: float
     command: list[str]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_command(cfg: Any, spec_path: Path, log_dir: Path, rdzv_id: str = "llmpipe",
