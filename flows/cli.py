@@ -57,8 +57,13 @@ def use_project_prefect(state_dir: str | Path) -> None:
             url = json.loads(info.read_text())["api_url"].rstrip("/")
             with urllib.request.urlopen(f"{url}/health", timeout=1):
                 os.environ["PREFECT_API_URL"] = url
+                return
         except (OSError, ValueError, KeyError):
             pass  # not running: Prefect starts a temporary local server for this run
+    logging.getLogger("llmpipe").info(
+        "no `llmpipe server` is running for this project: unless your Prefect profile names an API URL, "
+        "Prefect starts a temporary server for this run (15-30 s on 2 cores); `llmpipe server` keeps one "
+        "up, with the UI, and runs then start in a few seconds")
 
 
 def run_flow_in_process(flow: Any, **params: Any) -> Any:
