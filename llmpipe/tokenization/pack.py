@@ -2,8 +2,9 @@
 
 Two passes:
 
-1. **Encode** (per input shard, in parallel, cached per shard with ``ctx.cached_map``): every document
-   is encoded with the bare ``tokenizers`` library (special-token strings in text stay plain text),
+1. **Encode** (per piece of an input shard, at most ``piece_docs`` documents, in parallel, cached per
+   piece with ``ctx.cached_map``): every document is encoded with the bare ``tokenizers`` library
+   (special-token strings in text stay plain text),
    followed by EOS (and preceded by BOS when ``add_bos``). Each document is assigned a split by a hash
    of ``parent_id or id`` (plus ``split_salt``): a document is in ``val`` when that hash falls below
    ``val_fraction`` and it has no parent. A child (augmented document) of a validation document is
