@@ -48,10 +48,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +57,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]  # benchmarks/ shadows stdlib names
@@ -68,7 +68,7 @@ import llmpipe.curation.dedup.stage  # noqa: E402,F401  (registers the stage)
 from llmpipe.curation.config import DedupConfig, RedisSettings  # noqa: E402
 from llmpipe.curation.dedup.minhash import signatures  # noqa: E402
 from llmpipe.document import Document, iter_documents, shard_paths  # noqa: E402
-from llmpipe.ops.process import free_port  # noqa: E402
+from llmpipe.ops.process import redis_server  # noqa: E402
 from llmpipe.stage import STAGES, LocalRunner, StageContext  # noqa: E402
 from llmpipe.store import Artifact, ArtifactStore, hash_json  # noqa: E402
 
@@ -149,42 +149,26 @@ def show(label: str, art: Artifact, t: dict[str, float]) -> None:
 
 
 @contextmanager
-def redis_server(tmp: Path) -> Iterator[tuple[int, Callable[[], float]] | None]:
-    """A private ``redis-server`` on a free port: (port, its CPU seconds so far), or None if not installed."""
-    exe = shutil.which("redis-server")
-    if exe is None:
+def private_redis(tmp: Path) -> Iterator[tuple[int, Callable[[], float]] | None]:
+    """A private ``redis-server``: (port, its CPU seconds so far), or None if it is not installed."""
+    if shutil.which("redis-server") is None:
         yield None
         return
-    import redis
+    with redis_server(tmp) as (port, proc):
+        server = psutil.Process(proc.pid)
 
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    tick = os.sysconf("SC_CLK_TCK")
+        def cpu() -> float:
+            t = server.cpu_times()
+            return t.user + t.system
 
-    def cpu() -> float:  # utime + stime of the server (fields 14, 15 of /proc/<pid>/stat)
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
-
-    try:
-        client = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         yield port, cpu
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def bench(shards: dict[str, list[Document]], new: list[Document], backend: str, n_base: int) -> float | None:
     """Previous night, full recompute and refresh for one LSH backend; returns refresh / full CPU."""
     refreshed = {**shards, f"part-{len(shards):05d}.parquet": new}
     print(f"-- backend {backend}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as server:
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp)) as server:
         extra = _no_cpu
         cfg = DedupConfig(backend=backend)
         if backend == "redis":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -116,7 +117,7 @@ def _plain_json(value: Any) -> bool:
     if value is None or kind in (str, int, bool):
         return True
     if kind is float:
-        return value == value and value not in (float("inf"), float("-inf"))
+        return math.isfinite(value)
     if kind is list:
         return all(_plain_json(v) for v in value)
     if kind is dict:

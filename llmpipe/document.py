@@ -25,14 +25,8 @@ SHARD_GLOB = "*.parquet"
 
 @functools.cache
 def shard_schema() -> pa.Schema:
-    """The shards' schema (also importable as ``SCHEMA``)."""
+    """The shards' schema: four non-null strings."""
     return pa.schema([pa.field(name, pa.string(), nullable=False) for name in ("id", "text", "source", "metadata")])
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SCHEMA":
-        return shard_schema()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -98,7 +92,7 @@ def write_shard(path: str | Path, docs: Iterable[Document], dictionary: bool | S
 
 def write_table(path: str | Path, table: pa.Table, dictionary: bool | Sequence[str] = True,
                 compression: str = "zstd") -> None:
-    """Write a table of ``SCHEMA`` as one shard (the same bytes for the same rows).
+    """Write a table of ``shard_schema()`` as one shard (the same bytes for the same rows).
 
     ``dictionary`` names the columns worth dictionary-encoding; on columns whose values are all
     different (ids, texts) the encoder builds a dictionary only to drop it, at a cost in time.

@@ -9,6 +9,7 @@ Prefect: they report progress, tables and images through the context.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
@@ -19,8 +20,9 @@ import sys
 import time
 import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,6 +48,24 @@ def lazy_import(name: str) -> Any:
     for libraries only a running stage needs. Already imported modules are returned as they are.
     """
     return sys.modules.get(name) or _LazyModule(name)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (restored as it was after).
+
+    For code that creates very many long-lived or acyclic containers: imports of large libraries,
+    unpickling an LSH index, per-token work on millions of small objects. The collector's repeated
+    passes over the growing heap find nothing to free there; reference counting still frees
+    everything that is dropped.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 FLOWS = ("data_refresh", "pretrain", "release")

@@ -121,9 +121,8 @@ def _origin(art: Artifact) -> str:
     return f"{art.stage} {art.key[:12]}"
 
 
-def publish_reports(art: Artifact, stage: str) -> list[str]:
-    """Show a stage's tables, markdown and charts on the flow run; returns their artifact keys."""
-    keys = []
+def publish_reports(art: Artifact, stage: str) -> None:
+    """Show a stage's tables, markdown and charts on the flow run."""
     for rep in stage_reports(art):
         key = report_key(stage, rep)
         description = f"{rep['title']} ({_origin(art)})"
@@ -133,14 +132,9 @@ def publish_reports(art: Artifact, stage: str) -> list[str]:
             create_markdown_artifact(markdown=rep["payload"], key=key, description=description)
         elif rep["kind"] == "image":
             img = Path(art.path) / rep["payload"]
-            if not (img.is_file() and img.stat().st_size < 2_000_000):
-                continue
-            url = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
-            create_image_artifact(image_url=url, key=key, description=description)
-        else:
-            continue
-        keys.append(key)
-    return keys
+            if img.is_file() and img.stat().st_size < 2_000_000:
+                url = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
+                create_image_artifact(image_url=url, key=key, description=description)
 
 
 def report_keys(arts: list[Artifact]) -> list[str]:

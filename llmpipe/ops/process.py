@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -179,3 +180,35 @@ def _stop_all() -> None:
     for proc in list(_LIVE):
         with contextlib.suppress(Exception):
             proc.stop(grace=4.0)
+
+
+@contextlib.contextmanager
+def redis_server(data_dir: str | Path, timeout: float = 30.0) -> Iterator[tuple[int, ManagedProcess]]:
+    """A private ``redis-server`` without persistence on a free loopback port: ``(port, process)``.
+
+    For the Redis-backed dedup index in tests and benchmarks; stopped when the block ends. Raises
+    FileNotFoundError when ``redis-server`` is not installed (``scripts/install.sh`` adds it).
+    """
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise FileNotFoundError("redis-server is not installed (scripts/install.sh adds it)")
+    port = free_port()
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+           "--dir", str(data_dir)]
+    with ManagedProcess(cmd, Path(data_dir) / "redis-server.log", name="redis-server") as proc:
+        deadline = time.monotonic() + timeout
+        while not _redis_pong(port):
+            if not proc.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not answer PING:\n{proc.tail()}")
+            time.sleep(0.05)
+        yield port, proc
+
+
+def _redis_pong(port: int) -> bool:
+    """Whether a Redis server on ``port`` answers ``PING`` (plain RESP over a socket, no client library)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

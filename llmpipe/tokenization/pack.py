@@ -41,7 +41,6 @@ Read it with :class:`llmpipe.tokenization.dataset.PackedDataset`.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import math
@@ -56,7 +55,7 @@ from typing import Any, NamedTuple
 
 from llmpipe.curation.augment.stage import input_shard_digest
 from llmpipe.document import shard_paths
-from llmpipe.stage import StageContext, lazy_import, stage
+from llmpipe.stage import StageContext, gc_paused, lazy_import, stage
 from llmpipe.store import hash_json
 from llmpipe.tokenization.config import TokenizeConfig
 from llmpipe.tokenization.tokenizer import META as TOKENIZER_META
@@ -371,9 +370,7 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig, int, int | None], out_dir:
     dtype = token_dtype(meta["vocab_size"])
     builder = _ShardBuilder(cfg, dtype, meta["eos_id"], meta.get("bos_id"))
     cut = cfg.max_tokens if cfg.long_docs == "truncate" else None
-    gc_was_on = gc.isenabled()
-    gc.disable()  # many small allocations and no cycles: the collector only costs time here
-    try:
+    with gc_paused():  # many small allocations and no cycles: the collector only costs time here
         # encoding releases the GIL: encode batch k+1 in a thread while Python hashes its ids and packs
         # batch k
         pool = _encode_pool()
@@ -386,9 +383,6 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig, int, int | None], out_dir:
             pending = (batch, keys, fut)
         if pending is not None:
             builder.add(pending[0], pending[1], pending[2].result())
-    finally:
-        if gc_was_on:
-            gc.enable()
     return builder.finish(out_dir)
 
 

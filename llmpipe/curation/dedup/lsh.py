@@ -8,11 +8,9 @@ hash of them (a spurious 64-bit collision is ~n^2/2^64 and is then caught by ver
 
 from __future__ import annotations
 
-import gc
 import json
 import pickle
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ from typing import Any
 import numpy as np
 from datasketch import LeanMinHash, MinHashLSH
 from datasketch.lsh import _optimal_param
+
+from llmpipe.stage import gc_paused, link_file
 
 _U64 = np.uint64
 
@@ -63,23 +63,9 @@ def signature_agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 BASE_FILE = "lsh.pkl"
 COMPACT_RATIO = 0.25  # rewrite the base when its deltas hold more than this share of its documents
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while millions of acyclic dicts/sets/bytes are created.
-
-    Unpickling or filling a ``MinHashLSH`` allocates ~2 containers per (document, band); with the
-    collector on, the repeated full collections over the growing heap cost ~8x the load itself.
-    Nothing created here forms reference cycles, so reference counting frees it all the same.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+# Unpickling or filling a ``MinHashLSH`` allocates ~2 acyclic containers per (document, band): with the
+# cyclic GC on, its repeated full collections over the growing heap cost ~8x the load itself, so every
+# bulk insert and load below runs under ``gc_paused``.
 
 
 class DatasketchIndex:
@@ -118,7 +104,7 @@ class DatasketchIndex:
 
     def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
         """Insert docs ``idx`` (ascending), then query each: pairs (j, i) with i < j, shape (m, 2)."""
-        with _gc_paused(), self.lsh.insertion_session(buffer_size=10_000) as session:
+        with gc_paused(), self.lsh.insertion_session(buffer_size=10_000) as session:
             for k in range(len(sigs)):
                 session.insert(int(idx[k]), self._lean(sigs[k]), check_duplication=False)
         self.inserts += len(sigs)
@@ -158,7 +144,7 @@ class DatasketchIndex:
         swapped = np.ascontiguousarray(bands, dtype=dtype).byteswap().reshape(m, lsh.b, lsh.r)
         keys = [int(k) for k in idx]
         per_band = []
-        with _gc_paused():
+        with gc_paused():
             for band, table in enumerate(lsh.hashtables):
                 buf = np.ascontiguousarray(swapped[:, band]).tobytes()
                 hs = [buf[o : o + w] for o in range(0, m * w, w)]
@@ -177,8 +163,6 @@ class DatasketchIndex:
         (index_dir / "lsh.json").write_text(json.dumps(self.meta, sort_keys=True))
 
     def _save_dict(self, index_dir: Path) -> None:
-        from llmpipe.stage import link_file
-
         base = self.meta.get("base")
         deltas = list(self.meta.get("deltas", []))
         new_docs = sum(len(i) for i, _ in self._new)
@@ -224,7 +208,7 @@ class DatasketchIndex:
             cfg = dict(storage or {})
             cfg["basename"] = meta["basename"].encode()
             return cls.create(threshold, num_perm, params, seed, cfg)
-        with _gc_paused(), open(index_dir / meta["base"]["file"], "rb") as f:
+        with gc_paused(), open(index_dir / meta["base"]["file"], "rb") as f:
             index = cls(pickle.load(f), seed, meta, src=index_dir)
         for d in meta.get("deltas", []):
             with np.load(index_dir / d["file"]) as z:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llmpipe.curation.config import DedupConfig, RedisSettings
-from llmpipe.ops.process import free_port
+from llmpipe.ops.process import redis_server
 from llmpipe.store import ArtifactStore
 from tests.unit.dedup.dedup_testlib import publish_input, run_dedup
 from tests.unit.dedup.test_dedup_stage import _decisions, _planted_corpus
@@ -22,23 +20,8 @@ pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server not installe
 
 @pytest.fixture
 def redis_port(tmp_path: Path) -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+    with redis_server(tmp_path) as (port, _proc):
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_redis_index_matches_memory_and_refreshes(tmp_path: Path, redis_port: int) -> None:
