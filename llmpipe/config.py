@@ -65,7 +65,8 @@ class RunnerConfig(Section):
 
     kind: Literal["local", "dask"] = Field("local", description="shard-level work on a local process pool "
                                            "or a Dask cluster")
-    workers: int = Field(2, gt=0, description="local processes for shard-level work")
+    workers: int = Field(2, gt=0, description="local processes for shard-level work (threads where "
+                         "the work releases the GIL: tokenize's encode)")
     dask_address: str | None = Field(None, description="scheduler of an existing Dask cluster "
                                      "(tcp://host:8786); None starts a LocalCluster")
     dask_workers: int = Field(2, gt=0, description="workers of the LocalCluster llmpipe starts")

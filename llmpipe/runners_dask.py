@@ -114,7 +114,8 @@ class DaskRunner:
         return self._client
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            on_done: Callable[[int], None] | None = None) -> list[Any]:
+            on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
+        """Items as Dask tasks; ``threads`` changes nothing: each Dask worker has its own threads."""
         items = list(items)
         if not items:
             return []

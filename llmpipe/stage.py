@@ -17,11 +17,12 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import threading
 import time
 import types
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,13 +60,24 @@ def gc_paused() -> Iterator[None]:
     passes over the growing heap find nothing to free there; reference counting still frees
     everything that is dropped.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _GC_PAUSES, _GC_WAS_ENABLED
+    with _GC_LOCK:  # threads may pause at once: the first in disables, the last out restores
+        if _GC_PAUSES == 0:
+            _GC_WAS_ENABLED = gc.isenabled()
+            gc.disable()
+        _GC_PAUSES += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _GC_LOCK:
+            _GC_PAUSES -= 1
+            if _GC_PAUSES == 0 and _GC_WAS_ENABLED:
+                gc.enable()
+
+
+_GC_LOCK = threading.Lock()
+_GC_PAUSES = 0
+_GC_WAS_ENABLED = True
 
 
 FLOWS = ("data_refresh", "pretrain", "release")
@@ -117,19 +129,27 @@ class ShardRunner(Protocol):
     workers: int
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            on_done: Callable[[int], None] | None = None) -> list[Any]:
-        """Results in item order; ``on_done(finished_count)`` is called as items finish."""
+            on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
+        """Results in item order; ``on_done(finished_count)`` is called as items finish.
+
+        ``threads``: ``fn`` spends its time outside the GIL (native code that releases it), so a
+        local runner may run the items on threads of this process instead of worker processes.
+        """
         ...
 
 
 class LocalRunner:
-    """A process pool over shards; ``workers == 1`` runs in-process (no pickling, easy to debug)."""
+    """A process pool over shards; ``workers == 1`` runs in-process (no pickling, easy to debug).
+
+    Work that releases the GIL (``map(..., threads=True)``) runs on a thread pool instead: the
+    threads share what the process has loaded (a tokenizer's tables and caches) and pay no fork.
+    """
 
     def __init__(self, workers: int = 1) -> None:
         self.workers = max(1, int(workers))
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            on_done: Callable[[int], None] | None = None) -> list[Any]:
+            on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
         items = list(items)
         if self.workers == 1 or len(items) <= 1:
             out = []
@@ -138,14 +158,24 @@ class LocalRunner:
                 if on_done is not None:
                     on_done(len(out))
             return out
+        n = min(self.workers, len(items))
+        if threads:
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llmpipe-shard") as tpool:
+                return _in_order(tpool, fn, items, on_done)
         # one pool for every item: a fresh worker pays its warm-up once, not once per batch
         ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(items)), mp_context=ctx) as pool:
-            futures = [pool.submit(fn, x) for x in items]
-            for n, _ in enumerate(as_completed(futures), 1):
-                if on_done is not None:
-                    on_done(n)
-            return [f.result() for f in futures]
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+            return _in_order(pool, fn, items, on_done)
+
+
+def _in_order(pool: Executor, fn: Callable[[Any], Any], items: list[Any],
+              on_done: Callable[[int], None] | None) -> list[Any]:
+    """Submit every item; report each finish; results in item order (the first error raises)."""
+    futures = [pool.submit(fn, x) for x in items]
+    for done, _ in enumerate(as_completed(futures), 1):
+        if on_done is not None:
+            on_done(done)
+    return [f.result() for f in futures]
 
 
 @dataclass
@@ -185,9 +215,9 @@ class StageContext:
         return self.runner.workers
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            on_done: Callable[[int], None] | None = None) -> list[Any]:
-        """Run ``fn`` over items on the shard runner (process pool or Dask)."""
-        return self.runner.map(fn, items, on_done)
+            on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
+        """Run ``fn`` over items on the shard runner (process pool or Dask); ``threads``: see ShardRunner."""
+        return self.runner.map(fn, items, on_done, threads=threads)
 
     def progress(self, desc: str, done: int, total: int) -> None:
         if self.on_progress is not None:
@@ -213,19 +243,21 @@ class StageContext:
         fn: Callable[[Any, Path], dict[str, Any]],
         items: Sequence[tuple[str, Any]],
         desc: str = "shards",
+        threads: bool = False,
     ) -> list[tuple[Path, dict[str, Any]]]:
         """Run ``fn(arg, out_dir) -> stats`` for each ``(shard_key, arg)`` whose result is not cached.
 
         ``shard_key`` must hash everything the shard's output depends on (stage version, key config,
         the input shard's content). Results are written to a temporary sibling and renamed, so a
         killed run leaves nothing that a later run trusts. Returns ``(shard_dir, stats)`` per item.
+        ``threads``: ``fn`` releases the GIL for its heavy work (see :meth:`ShardRunner.map`).
         """
         todo = [(k, a) for k, a in items if not (self.shard_dir(k) / _DONE).exists()]
         self.log.info("%s: %d shards, %d cached, %d to compute", self.name, len(items),
                       len(items) - len(todo), len(todo))
         if todo:
             jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
-            self.map(_run_shard_job, jobs, lambda n: self.progress(desc, n, len(jobs)))
+            self.map(_run_shard_job, jobs, lambda n: self.progress(desc, n, len(jobs)), threads=threads)
         results = []
         for k, _a in items:
             d = self.shard_dir(k)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -30,8 +31,8 @@ from llmpipe.tokenization.tokenizer import load_for_encoding
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-def _tokenize(make_ctx, dirs: dict[str, Path], out: Path, workers: int = 1, **cfg):
-    ctx = make_ctx("tokenize", TokenizeConfig(**cfg), dirs, out, workers=workers)
+def _tokenize(make_ctx, dirs: dict[str, Path], out: Path, workers: int = 1, store_dir: Path | None = None, **cfg):
+    ctx = make_ctx("tokenize", TokenizeConfig(**cfg), dirs, out, workers=workers, store_dir=store_dir)
     return ctx, run_tokenize(ctx)
 
 
@@ -282,14 +283,20 @@ def test_output_does_not_depend_on_encode_pieces(pipeline_dirs, synth, make_ctx,
     dirs = pipeline_dirs(shards)
     cfg = {"seq_len": 16, "val_fraction": 0.2, "language_weights": {"zh": 1.7}, "max_tokens": 20, "add_bos": True}
     runs = []
-    for k, (piece_docs, workers) in enumerate(((2048, 1), (7, 1), (7, 2))):
+    parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    # the last run encodes its pieces afresh on two threads of this process (a store of its own)
+    for k, (piece_docs, workers, store) in enumerate(((2048, 1, None), (7, 1, None), (7, 2, None),
+                                                      (7, 2, tmp_path / "store-threads"))):
         out = tmp_path / f"tok-{k}"
-        ctx, stats = _tokenize(make_ctx, dirs, out, workers=workers, piece_docs=piece_docs, **cfg)
+        ctx, stats = _tokenize(make_ctx, dirs, out, workers=workers, store_dir=store, piece_docs=piece_docs, **cfg)
         files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
         runs.append((files, {key: v for key, v in stats.items() if key != "languages"}, stats["languages"]))
-    assert runs[0] == runs[1] == runs[2]
+        assert os.environ.get("TOKENIZERS_PARALLELISM") == parallelism  # restored after the threaded encode
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    n_pieces = sum(len(pieces(len(docs), 7)) for docs in shards)
     done = list((tmp_path / "store" / "tokenize").rglob("_DONE.json"))
-    assert len(done) == 2 + sum(len(pieces(len(docs), 7)) for docs in shards)  # pieces reused by the third run
+    assert len(done) == 2 + n_pieces  # pieces reused by the third run
+    assert len(list((tmp_path / "store-threads" / "tokenize").rglob("_DONE.json"))) == n_pieces
 
 
 def test_gather_copies_runs_and_scattered_segments_alike() -> None:
