@@ -23,7 +23,7 @@ def _load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, args.overrides)
 
 
-def _flow_fn(name: str) -> Any:
+def flow_function(name: str) -> Any:
     """The flow object (one of ``FLOW_NAMES``), importing only its module."""
     import importlib
 
@@ -89,6 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from llmpipe.runner import check_stage_range
 
     check_stage_range(args.from_stage, args.until)  # unknown --from/--until: exit 2
+    if not args.no_prefect and args.warm:
+        from flows import warm
+
+        code = warm.run_in_warm_runner(args.argv)  # None: no warm runner to use, run it here
+        if code is not None:
+            return code
     if args.no_prefect:
         from llmpipe.runner import run_pipeline
 
@@ -100,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # importing Prefect creates ~110,000 tracked objects that live as long as the process: the
         # collector's passes over them cost 0.1-0.4 CPU-s of each run and free nothing
         with gc_paused():
-            flow = _flow_fn(args.flow)
+            flow = flow_function(args.flow)
         rows = run_flow_in_process(flow, config=args.config, overrides=args.overrides,
                                    from_stage=args.from_stage, until=args.until)
     _print_table(rows, ("stage", "key", "status", "state", "seconds", "counts"))
@@ -176,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     from flows import ops
 
-    return int(ops.server(state_dir=args.state_dir, port=args.port) or 0)
+    return int(ops.server(state_dir=args.state_dir, port=args.port, warm=args.warm) or 0)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -221,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--from", dest="from_stage", metavar="STAGE")
     r.add_argument("--until", metavar="STAGE")
     r.add_argument("--no-prefect", action="store_true", help="run in-process without Prefect (debugging)")
+    r.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="run in this process even when `llmpipe server`'s warm runner is up (also LLMPIPE_WARM=0)")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("status", help="each stage of a config: cached or not, key, size")
@@ -251,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")
     se.add_argument("--state-dir", default=".llmpipe")
     se.add_argument("--port", type=int, default=4200)
+    se.add_argument("--no-warm", dest="warm", action="store_false",
+                    help="do not start the warm runner that `llmpipe run` hands its runs to")
     se.set_defaults(func=cmd_server)
 
     w = sub.add_parser("worker", help="start a Prefect process worker for the deployments")
@@ -281,13 +291,23 @@ def _fast_exit() -> None:
     atexit.register(gc.freeze)
 
 
-def main(argv: list[str] | None = None) -> int:
+def prepare_process() -> None:
+    """Exit handling and logging of an ``llmpipe`` process (the warm runner does it before its imports)."""
     _fast_exit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None, warm: bool = True) -> int:
+    """The command. ``warm=False``: never hand ``run`` to the warm runner (the warm runner's own runs)."""
+    prepare_process()
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.argv = argv
+    if hasattr(args, "warm"):
+        args.warm = args.warm and warm
     if extra:  # overrides may come after options: `run CONFIG --until dedup train.lr=3e-4`
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]

@@ -114,17 +114,56 @@ def start_server(
     return proc
 
 
-def server(state_dir: str | Path = ".llmpipe", host: str = "127.0.0.1", port: int = 4200) -> int:
-    """``llmpipe server``: run a local Prefect server until Ctrl-C; prints the UI address."""
+def start_warm_runner(state_dir: str | Path = ".llmpipe", *, timeout: float = 120.0,
+                      env: Mapping[str, str] | None = None) -> ManagedProcess | None:
+    """Start the warm runner (``flows/warm.py``) for the server of ``state_dir``; None where unsupported.
+
+    It inherits this environment, as the ``llmpipe run`` commands it serves do, and is ready once it
+    has written ``warm.json`` with its pid. Needs the server up: it reads ``server.json`` like a run.
+    """
+    from flows import warm
+
+    if not warm.supported():
+        return None
+    home = prefect_home(state_dir)
+    proc = ManagedProcess([sys.executable, "-m", "flows.warm", "--state-dir", str(state_dir)],
+                          home / "warm.log", env=env, name="llmpipe-warm-runner")
+    proc.start()
+    info = home / warm.INFO_FILE
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.alive():
+        try:
+            if json.loads(info.read_text()).get("pid") == proc.pid:
+                return proc
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    proc.stop()
+    raise RuntimeError(f"the warm runner did not start within {timeout:.0f} s; its log:\n{proc.tail()}")
+
+
+def server(state_dir: str | Path = ".llmpipe", host: str = "127.0.0.1", port: int = 4200,
+           warm: bool = True) -> int:
+    """``llmpipe server``: a local Prefect server (and the warm runner) until Ctrl-C; prints the UI address."""
     proc = start_server(state_dir, host, port)
-    print(f"Prefect UI: http://{host}:{port}", flush=True)
-    print(f"API: http://{host}:{port}/api   state: {prefect_home(state_dir)}   log: {proc.log_path}", flush=True)
-    print("next: `llmpipe deploy` and `llmpipe worker` in other terminals; Ctrl-C stops the server", flush=True)
+    runner = None
     try:
+        print(f"Prefect UI: http://{host}:{port}", flush=True)
+        print(f"API: http://{host}:{port}/api   state: {prefect_home(state_dir)}   log: {proc.log_path}", flush=True)
+        if warm:
+            try:
+                runner = start_warm_runner(state_dir)
+            except RuntimeError as e:
+                print(f"warning: {e}\n`llmpipe run` works without it, paying its start-up each run", flush=True)
+        if runner is not None:
+            print(f"warm runner: `llmpipe run` starts in its pid {runner.pid} (log: {runner.log_path})", flush=True)
+        print("next: `llmpipe deploy` and `llmpipe worker` in other terminals; Ctrl-C stops the server", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         return proc.stop() or 0
     finally:
+        if runner is not None:
+            runner.stop()
         proc.stop()
         _server_file(state_dir).unlink(missing_ok=True)
 
