@@ -118,22 +118,25 @@ def start_warm_runner(state_dir: str | Path = ".llmpipe", *, timeout: float = 12
                       env: Mapping[str, str] | None = None) -> ManagedProcess | None:
     """Start the warm runner (``flows/warm.py``) for the server of ``state_dir``; None where unsupported.
 
-    It inherits this environment, as the ``llmpipe run`` commands it serves do, and is ready once it
-    has written ``warm.json`` with its pid. Needs the server up: it reads ``server.json`` like a run.
+    It inherits this environment (or ``env``), as the ``llmpipe run`` commands it serves do, and is
+    ready once it listens (it then writes its pid to ``warm.ready``). Needs the server up: it finds
+    it through ``server.json`` or ``PREFECT_API_URL``, like a run.
     """
     from flows import warm
 
     if not warm.supported():
         return None
     home = prefect_home(state_dir)
-    proc = ManagedProcess([sys.executable, "-m", "flows.warm", "--state-dir", str(state_dir)],
+    home.mkdir(parents=True, exist_ok=True)
+    ready = home / "warm.ready"
+    ready.unlink(missing_ok=True)
+    proc = ManagedProcess([sys.executable, "-m", "flows.warm", "--state-dir", str(state_dir), "--ready", str(ready)],
                           home / "warm.log", env=env, name="llmpipe-warm-runner")
     proc.start()
-    info = home / warm.INFO_FILE
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.alive():
         try:
-            if json.loads(info.read_text()).get("pid") == proc.pid:
+            if int(ready.read_text()) == proc.pid:
                 return proc
         except (OSError, ValueError):
             pass

@@ -234,7 +234,7 @@ def preload() -> None:
         load_stages()
 
 
-def serve(home: Path) -> int:
+def serve(home: Path, ready: Path | None = None) -> int:
     """Accept runs on this Prefect home's socket until SIGTERM or SIGINT."""
     import gc
 
@@ -251,6 +251,8 @@ def serve(home: Path) -> int:
     tmp = info.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"socket": str(path), "pid": os.getpid(), "started": time.time()}))
     tmp.replace(info)
+    if ready is not None:
+        ready.write_text(str(os.getpid()))
     print(f"warm runner: pid {os.getpid()}, socket {path}", flush=True)
 
     def stop(_signum: int, _frame: Any) -> None:
@@ -454,16 +456,17 @@ def _exit_like_the_interpreter(code: int) -> None:  # pragma: no cover - runs in
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.warm [--state-dir DIR]``: serve the project's Prefect home (``llmpipe server`` starts it)."""
+    """``python -m flows.warm [--state-dir DIR] [--ready FILE]``, as ``llmpipe server`` starts it."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m flows.warm", description=__doc__.split("\n")[0])
     ap.add_argument("--state-dir", default=".llmpipe", help="the project's state dir, as `llmpipe server` got it")
+    ap.add_argument("--ready", type=Path, help="write this process's pid here once it listens")
     args = ap.parse_args(argv)
     from flows.cli import use_project_prefect
 
     use_project_prefect(args.state_dir)  # the same PREFECT_* environment an `llmpipe run` sets up
-    return serve(prefect_home())
+    return serve(prefect_home(), args.ready)
 
 
 if __name__ == "__main__":
