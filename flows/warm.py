@@ -276,6 +276,10 @@ def serve(home: Path, ready: Path | None = None) -> int:
     return 0  # pragma: no cover - execv does not return
 
 
+_OPEN_CONNS: set[socket.socket] = set()  # connections of runs in progress (closed in each new child)
+_CONNS_LOCK = threading.Lock()
+
+
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -301,6 +305,8 @@ def _handle(conn: socket.socket, listener: socket.socket, snapshot: dict[str, tu
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child's coverage is the run it does
             _child(conn, listener, request, fds)
+        with _CONNS_LOCK:
+            _OPEN_CONNS.add(conn)
         threading.Thread(target=_supervise, args=(conn, pid), name=f"warm-run-{pid}", daemon=True).start()
     except (OSError, ValueError, ConnectionError) as e:
         print(f"warm runner: dropped a request: {e}", flush=True)
@@ -351,6 +357,8 @@ def _supervise(conn: socket.socket, pid: int) -> None:
             conn.sendall(f"exit {code}\n".encode())
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RDWR)
+    with _CONNS_LOCK:
+        _OPEN_CONNS.discard(conn)
     conn.close()
 
 
@@ -360,6 +368,8 @@ def _child(conn: socket.socket, listener: socket.socket, request: dict[str, Any]
     code = 1
     try:
         listener.close()
+        for other in list(_OPEN_CONNS):  # other runs' clients must see EOF when their run ends, not ours
+            other.close()
         os.setpgid(0, 0)  # the client's signals go to the run and everything it starts
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
