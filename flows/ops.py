@@ -137,6 +137,7 @@ def start_warm_runner(state_dir: str | Path = ".llmpipe", *, timeout: float = 12
     while time.monotonic() < deadline and proc.alive():
         try:
             if int(ready.read_text()) == proc.pid:
+                ready.unlink()
                 return proc
         except (OSError, ValueError):
             pass
@@ -147,7 +148,18 @@ def start_warm_runner(state_dir: str | Path = ".llmpipe", *, timeout: float = 12
 
 def server(state_dir: str | Path = ".llmpipe", host: str = "127.0.0.1", port: int = 4200,
            warm: bool = True) -> int:
-    """``llmpipe server``: a local Prefect server (and the warm runner) until Ctrl-C; prints the UI address."""
+    """``llmpipe server``: a local Prefect server (and the warm runner) until Ctrl-C; prints the UI address.
+
+    SIGTERM and SIGHUP stop it like Ctrl-C: the server and the warm runner run in sessions of their
+    own, so they would outlive a ``llmpipe server`` that died without stopping them.
+    """
+    import signal
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
     proc = start_server(state_dir, host, port)
     runner = None
     try:

@@ -194,3 +194,27 @@ def test_stale_module_names_the_changed_file(tmp_path: Path) -> None:
     assert warm.stale_module(snap) == str(f)
     f.unlink()
     assert warm.stale_module(snap) == str(f)
+
+
+def test_llmpipe_server_starts_the_runner_and_sigterm_stops_everything(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LLMPIPE_"))}
+    state = tmp_path / "state"
+    server = subprocess.Popen([LLMPIPE, "server", "--state-dir", str(state), "--port", str(free_port())], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in server.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("next:"):
+                break
+        assert any(ln.startswith("warm runner: `llmpipe run` starts in its pid") for ln in lines), lines
+        children = psutil.Process(server.pid).children(recursive=True)
+        assert len(children) >= 2  # the Prefect server and the warm runner, each in its own session
+        sock = json.loads((state / "prefect" / warm.INFO_FILE).read_text())["socket"]
+        assert Path(sock).exists()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) is not None
+    assert all(_gone(c.pid, within=5) for c in children)
+    assert not (state / "prefect" / warm.INFO_FILE).exists() and not Path(sock).exists()
+    assert not (state / "prefect" / "server.json").exists()
