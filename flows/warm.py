@@ -162,10 +162,7 @@ def _wait_for_exit(sock: socket.socket, reader: Any) -> int:
             previous[sig] = signal.signal(sig, forward)
     try:
         while True:
-            try:
-                line = reader.readline().decode().strip()
-            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for safety
-                continue
+            line = reader.readline().decode().strip()  # a forwarded signal does not interrupt it (PEP 475)
             if line.startswith("exit "):
                 return int(line.split()[1])
             if not line:
@@ -178,28 +175,24 @@ def _wait_for_exit(sock: socket.socket, reader: Any) -> int:
 
 
 # -- server -----------------------------------------------------------------------------------------
+def _signature(path: str) -> tuple[int, int] | None:
+    """(mtime_ns, size) of a file, None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def _module_files() -> dict[str, tuple[int, int]]:
-    """(mtime_ns, size) of every imported module's file: a change means this process runs stale code."""
-    out = {}
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if f:
-            with contextlib.suppress(OSError):
-                st = os.stat(f)
-                out[f] = (st.st_mtime_ns, st.st_size)
-    return out
+    """The signature of every imported module's file: a change means this process runs stale code."""
+    files = {f for mod in list(sys.modules.values()) if (f := getattr(mod, "__file__", None))}
+    return {f: sig for f in files if (sig := _signature(f)) is not None}
 
 
 def stale_module(snapshot: dict[str, tuple[int, int]]) -> str | None:
-    """The first imported file that changed since ``snapshot``, or None."""
-    for f, sig in snapshot.items():
-        try:
-            st = os.stat(f)
-        except OSError:
-            return f
-        if (st.st_mtime_ns, st.st_size) != sig:
-            return f
-    return None
+    """The first imported file that changed (or went) since ``snapshot``, or None."""
+    return next((f for f, sig in snapshot.items() if _signature(f) != sig), None)
 
 
 def _mismatch(request: dict[str, Any], snapshot: dict[str, tuple[int, int]]) -> tuple[str | None, bool]:
@@ -377,7 +370,6 @@ def _child(conn: socket.socket, listener: socket.socket, request: dict[str, Any]
         for target, fd in zip((0, 1, 2), fds, strict=True):
             os.dup2(fd, target)
             os.close(fd)
-        fds.clear()
         _reopen_stdout()
         os.chdir(request["cwd"])
         os.environ.clear()

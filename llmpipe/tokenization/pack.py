@@ -260,7 +260,7 @@ def _encode(tok: Any, special_re: re.Pattern[str] | None, tok_dir: str, texts: l
     return _Encoded(lengths, ids, cuts)
 
 
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_LOCAL = threading.local()
 
 
 def _encode_pool() -> ThreadPoolExecutor:
@@ -269,13 +269,13 @@ def _encode_pool() -> ThreadPoolExecutor:
     ``tokenizers`` keeps its BPE word cache per thread: a new thread per shard would start each
     shard with a cold cache when the library encodes in the calling thread (a forked worker, or
     ``TOKENIZERS_PARALLELISM=false``). One per worker thread, so pieces on threads encode at once;
-    keyed by pid too: threads do not survive ``fork``.
+    thread-local, so it ends with its worker thread (a dropped executor stops its thread); keyed by
+    pid too: threads do not survive ``fork``.
     """
-    key = (os.getpid(), threading.get_ident())
-    with _LOAD_LOCK:
-        if key not in _POOLS:
-            _POOLS[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmpipe-encode")
-        return _POOLS[key]
+    mine = getattr(_LOCAL, "pool", None)
+    if mine is None or mine[0] != os.getpid():
+        mine = _LOCAL.pool = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmpipe-encode"))
+    return mine[1]
 
 
 class _ShardBuilder:

@@ -316,3 +316,29 @@ def test_gather_copies_runs_and_scattered_segments_alike() -> None:
         want = [arr[s : s + m] for s, m in zip(starts.tolist(), lengths.tolist(), strict=True)]
         got = gather(arr, starts, lengths)
         assert got.dtype == arr.dtype and got.tolist() == (np.concatenate(want).tolist() if want else [])
+
+
+def test_encode_threads_end_with_the_worker_threads_that_used_them() -> None:
+    """Each worker thread has its own encode thread; it must not outlive the stage's thread pool."""
+    import gc
+    import threading
+    import time
+
+    from llmpipe.stage import LocalRunner
+    from llmpipe.tokenization import pack
+
+    def job(x: int) -> int:
+        return pack._encode_pool().submit(abs, -x).result()
+
+    for _ in range(4):
+        assert LocalRunner(2).map(job, list(range(6)), threads=True) == list(range(6))
+    gc.collect()
+    allowed = 1 if getattr(pack._LOCAL, "pool", None) else 0  # this thread's own, if an earlier test encoded here
+
+    def left() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("llmpipe-encode")]
+
+    deadline = time.time() + 5
+    while time.time() < deadline and len(left()) > allowed:
+        time.sleep(0.05)
+    assert len(left()) <= allowed, left()
