@@ -1,25 +1,32 @@
 # llmpipe: `make run` sets up and runs the tiny lifecycle; `make test` sets up and runs the tests.
+# CI (.ci/run) runs exactly these two commands, in this order, on a clean clone.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install run test test-fast lint clean
+.PHONY: install install-test run test test-fast lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# what a run needs: the package and the Triton server binary (scripts/install.sh)
 install: $(PY)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e .
 	PYTHON=$(PY) bash scripts/install.sh
+
+# what the tests need besides: pytest and friends, a browser, nginx, redis-server
+install-test: install
+	$(PY) -m pip install --quiet -e '.[test]'
+	PYTHON=$(PY) bash scripts/install.sh --test
 
 run: install
 	$(VENV)/bin/llmpipe run configs/tiny.yaml
 
-test: install
+test: install-test
 	$(VENV)/bin/pytest -q --timeout 1500
 
-test-fast: install
+test-fast: install-test
 	$(VENV)/bin/pytest -q -m "not slow"
 
 lint:

@@ -1,13 +1,11 @@
 """Cache overhead through the real CLI and Prefect: cold tiny lifecycle vs a no-change rerun.
 
-``llmpipe run configs/tiny.yaml`` into one fresh store, as a user would, against what ``llmpipe
-server`` runs (a Prefect server and the warm runner): cold, then with nothing changed (every stage
-``Cached``); the same rerun with ``--no-warm`` (the command imports Prefect itself); then once more
-with no server, where Prefect starts a temporary one for the run. The baseline is the cold run;
-goals: the rerun with ``llmpipe server`` up takes < 5% of it and under 10 s. Each rerun is repeated
-(``--reruns``, default 3, the two kinds interleaved) and the median counts: one rerun is a few
-seconds, so a busy machine moves it by a large fraction. CPU seconds of the CLI and its children
-are printed beside the wall times (a warm run's CPU is spent in the warm runner's child: not counted).
+``llmpipe run configs/tiny.yaml`` into one fresh store, as a user would, against a Prefect server
+like the one ``llmpipe server`` runs: cold, then with nothing changed (every stage ``Cached``); then
+once more with no server, where Prefect starts a temporary one for the run. The baseline is the cold
+run; goals: the rerun with a server up takes < 5% of it and under 10 s. Each rerun is repeated
+(``--reruns``, default 3) and the median counts: one rerun is a few seconds, so a busy machine moves
+it by a large fraction. CPU seconds of the CLI and its children are printed beside the wall times.
 
     python benchmarks/cache_overhead.py [--reruns N] [overrides ...]
 """
@@ -73,34 +71,26 @@ def main() -> None:
         server = ops.start_server(tmp / "server-state", port=port, timeout=300,
                                   extra_env={"PREFECT_HOME": str(tmp / "server-home")})
         env = {**base_env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
-        warm = ops.start_warm_runner(tmp / "state", env=env)  # as `llmpipe server` starts it
         try:
             cold, cold_cpu, out = cli_run(tmp, env, args.overrides)
             print(out)
-            reruns: dict[str, list[tuple[float, float]]] = {"warm": [], "direct": []}
+            reruns: list[tuple[float, float]] = []
             for _ in range(max(1, args.reruns)):
-                for kind, extra in (("warm", []), ("direct", ["--no-warm"])):
-                    secs, cpu, out = cli_run(tmp, env, [*args.overrides, *extra])
-                    reruns[kind].append((secs, cpu))
-                    cached = sum(1 for line in out.splitlines() if " Cached " in f" {line} ")
-                    if cached != total_stages(out):
-                        raise SystemExit(f"a no-change rerun recomputed stages:\n{out}")
+                secs, cpu, out = cli_run(tmp, env, args.overrides)
+                reruns.append((secs, cpu))
+                cached = sum(1 for line in out.splitlines() if " Cached " in f" {line} ")
+                if cached != total_stages(out):
+                    raise SystemExit(f"a no-change rerun recomputed stages:\n{out}")
             print(out)
         finally:
-            if warm is not None:
-                warm.stop()
             server.stop()
-        temp_server, temp_cpu, _ = cli_run(tmp, base_env, [*args.overrides, "--no-warm"])
-    med = {k: (statistics.median(s for s, _ in v), statistics.median(c for _, c in v)) for k, v in reruns.items()}
-    rerun = med["warm"][0] if warm is not None else med["direct"][0]
-    print(f"cold lifecycle (llmpipe server up):          {cold:7.1f} s  (CPU {cold_cpu:.1f} s)")
-    for kind, label in (("warm", "llmpipe server up"), ("direct", "--no-warm, server up")):
-        secs, cpu = med[kind]
-        print(f"no-change rerun ({label}):{' ' * (26 - len(label))}{secs:7.1f} s  (CPU {cpu:.1f} s; median of "
-              f"{', '.join(f'{s:.2f}' for s, _ in reruns[kind])}; {cached} stages Cached)")
+        temp_server, temp_cpu, _ = cli_run(tmp, base_env, args.overrides)
+    rerun, rerun_cpu = statistics.median(s for s, _ in reruns), statistics.median(c for _, c in reruns)
+    print(f"cold lifecycle (server up):                  {cold:7.1f} s  (CPU {cold_cpu:.1f} s)")
+    print(f"no-change rerun (server up):                 {rerun:7.1f} s  (CPU {rerun_cpu:.1f} s; median of "
+          f"{', '.join(f'{s:.2f}' for s, _ in reruns)}; {cached} stages Cached)")
     print(f"no-change rerun (temporary Prefect server):  {temp_server:7.1f} s  (CPU {temp_cpu:.1f} s)")
-    print(f"rerun / cold = {rerun / cold:.3f} (goal < 0.05), rerun = {rerun:.1f} s (goal < 10 s); "
-          f"--no-warm: {med['direct'][0] / cold:.3f}")
+    print(f"rerun / cold = {rerun / cold:.3f} (goal < 0.05), rerun = {rerun:.1f} s (goal < 10 s)")
     print(f"RESULT rerun_over_cold {rerun / cold:.4f} goal < 0.05")
 
 

@@ -30,11 +30,27 @@ def flow_function(name: str) -> Any:
     return getattr(importlib.import_module(f"flows.{name}"), name)
 
 
-def use_project_prefect(state_dir: str | Path) -> None:
+def ensure_state_dirs(state_dir: str | Path) -> Path:
+    """Create the project's state folder and Prefect's home, with parents, before Prefect is imported.
+
+    Prefect creates ``PREFECT_HOME`` with ``mkdir(exist_ok=True)`` and no parents: in a fresh folder
+    without ``.llmpipe/`` it cannot, and its temporary server then fails to open its database. An
+    explicit ``PREFECT_HOME`` is created the same way. Returns Prefect's home.
+    """
+    import os
+
+    home = Path(os.environ.get("PREFECT_HOME") or Path(state_dir).resolve() / "prefect").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def use_project_prefect(state_dir: str | Path) -> bool:
     """Keep Prefect's state with the project, and use the server ``llmpipe server`` started if it is up.
 
     Without this every run would share ``~/.prefect`` (and its SQLite lock) with unrelated projects.
-    An explicit ``PREFECT_API_URL`` or ``PREFECT_HOME`` always wins.
+    An explicit ``PREFECT_API_URL`` or ``PREFECT_HOME`` always wins. Returns whether a server is known
+    (False: Prefect starts a temporary one for this run).
     """
     import os
     import urllib.request
@@ -42,75 +58,65 @@ def use_project_prefect(state_dir: str | Path) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # a cold temporary server migrates its SQLite database first: slow machines need more than 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_HOME", str(ensure_state_dirs(state_dir)))
+    ensure_state_dirs(state_dir)
     if os.environ.get("PREFECT_API_URL"):
-        return
-    home = Path(state_dir).resolve() / "prefect"
-    os.environ.setdefault("PREFECT_HOME", str(home))
+        return True
     info = Path(os.environ["PREFECT_HOME"]) / "server.json"
     if info.is_file():
         try:
             url = json.loads(info.read_text())["api_url"].rstrip("/")
             with urllib.request.urlopen(f"{url}/health", timeout=1):
                 os.environ["PREFECT_API_URL"] = url
-                return
+                return True
         except (OSError, ValueError, KeyError):
             pass  # not running: Prefect starts a temporary local server for this run
-    logging.getLogger("llmpipe").info(
-        "no `llmpipe server` is running for this project: unless your Prefect profile names an API URL, "
-        "Prefect starts a temporary server for this run (15-30 s on 2 cores); `llmpipe server` keeps one "
-        "up, with the UI, and runs then start in a few seconds")
+    return False
 
 
-def run_flow_in_process(flow: Any, **params: Any) -> Any:
-    """Call ``flow`` here, with its heartbeats emitted by ``flows.common`` instead of Prefect's engine.
+def _preflight(cfg: PipelineConfig, args: argparse.Namespace) -> None:
+    """Everything that can be checked from the config and the file system, before Prefect starts."""
+    from llmpipe.runner import check_stage_range
+    from llmpipe.sources import check_sources
 
-    Same events at the same interval (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``), but the engine's
-    heartbeat thread sleeps in one-second steps and is joined when the run ends: 0.5 s on average
-    of every run. Turned off when that setting is off.
-    """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
-
-    from flows import common
-
-    seconds = get_current_settings().flows.heartbeat_frequency
-    if seconds is None:
-        return flow(**params)
-    common.HEARTBEAT_SECONDS = seconds
-    try:
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            return flow(**params)
-    finally:
-        common.HEARTBEAT_SECONDS = None
+    check_stage_range(args.from_stage, args.until)  # unknown --from/--until: exit 2
+    check_sources(cfg)  # no sources, a missing path, an unreadable format: exit 2
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from llmpipe import console as console_mod
+    from llmpipe.runner import state_dir
+
     cfg = _load(args)  # bad config: exit 2 before any work
-    use_project_prefect(cfg.state_dir)
-    from llmpipe.runner import check_stage_range
-
-    check_stage_range(args.from_stage, args.until)  # unknown --from/--until: exit 2
-    if not args.no_prefect and args.warm:
-        from flows import warm
-
-        code = warm.run_in_warm_runner(args.argv)  # None: no warm runner to use, run it here
-        if code is not None:
-            return code
+    _preflight(cfg, args)
+    console = console_mod.RunConsole.for_run(state_dir(cfg), args.flow, verbose=args.verbose or not args.process)
+    console.open()
+    _configure_logging(args.verbose)
+    console.say(f"llmpipe run {args.config}: {args.flow}; logs in {_shown(console.log_dir)}/")
     if args.no_prefect:
         from llmpipe.runner import run_pipeline
 
         rows = [{"stage": r.stage, "key": r.key[:12], "status": "ran" if r.ran else "cached",
                  "seconds": round(r.seconds, 2)} for r in run_pipeline(cfg, args.flow, args.from_stage, args.until)]
     else:
-        from llmpipe.stage import gc_paused
+        if not use_project_prefect(cfg.state_dir):
+            from llmpipe.ops.process import guard
 
-        # importing Prefect creates ~110,000 tracked objects that live as long as the process: the
-        # collector's passes over them cost 0.1-0.4 CPU-s of each run and free nothing
-        with gc_paused():
-            flow = flow_function(args.flow)
-        rows = run_flow_in_process(flow, config=args.config, overrides=args.overrides,
-                                   from_stage=args.from_stage, until=args.until)
-    _print_table(rows, ("stage", "key", "status", "state", "seconds", "counts"))
+            guard()  # Prefect's temporary server is a child of this process: it ends with the run, killed or not
+            console.say("Prefect: no `llmpipe server` for this project, starting a temporary server for this "
+                        "run (15-30 s); `llmpipe server` keeps one up, with the UI")
+        rows = flow_function(args.flow)(config=args.config, overrides=args.overrides,
+                                        from_stage=args.from_stage, until=args.until)
+    _print_table(rows, ("stage", "key", "status", "state", "seconds", "counts"), out=console.say)
     return EXIT_OK
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder where it is inside it (shorter, and what the user typed)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -172,26 +178,48 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a document stage's documents of the config's current plan to a folder (llmpipe.export)."""
+    from llmpipe.export import ExportError, check_stage, export_stage
+
+    try:
+        check_stage(args.stage)  # a non-document stage: exit 2 before hashing any source
+        cfg = _load(args)
+        ref = " ".join([args.config, *args.overrides])
+        r = export_stage(cfg, args.stage, args.to, args.format, args.rejected, config_ref=ref)
+    except ExportError as e:
+        print(f"llmpipe export: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{r.stage} {r.key[:12]}: {r.kept} kept documents in {len(r.kept_files)} {r.format} files -> {r.out}/kept")
+    if r.rejected is not None:
+        print(f"{r.rejected} rejected documents in {len(r.rejected_files)} files -> {r.out}/rejected"
+              + (f"; {r.quarantined} quarantined records -> {r.out}/quarantine.jsonl" if r.quarantined else ""))
+    return EXIT_OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from llmpipe.serving.server import main_serve
 
     return int(main_serve(args.artifact, config=args.config, http_port=args.http_port,
-                          grpc_port=args.grpc_port) or 0)
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port) or 0)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
+    ensure_state_dirs(args.state_dir)
     from flows import ops
 
-    return int(ops.server(state_dir=args.state_dir, port=args.port, warm=args.warm) or 0)
+    return int(ops.server(state_dir=args.state_dir, port=args.port) or 0)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    ensure_state_dirs(args.state_dir)
     from flows import ops
 
     return int(ops.worker(args.pool, state_dir=args.state_dir) or 0)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    ensure_state_dirs(args.state_dir)
     from flows import ops
 
     result = ops.deploy(state_dir=args.state_dir, timezone=args.timezone)
@@ -208,12 +236,12 @@ def _human(n: float) -> str:
     return f"{n}"
 
 
-def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...]) -> None:
+def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], out: Any = print) -> None:
     cols = tuple(c for c in cols if any(c in r for r in rows))
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols} if rows else {}
-    print("  ".join(c.ljust(widths[c]) for c in cols))
+    out("  ".join(c.ljust(widths[c]) for c in cols).rstrip())
     for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+        out("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols).rstrip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,8 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--from", dest="from_stage", metavar="STAGE")
     r.add_argument("--until", metavar="STAGE")
     r.add_argument("--no-prefect", action="store_true", help="run in-process without Prefect (debugging)")
-    r.add_argument("--no-warm", dest="warm", action="store_false",
-                   help="run in this process even when `llmpipe server`'s warm runner is up (also LLMPIPE_WARM=0)")
+    r.add_argument("-v", "--verbose", action="store_true",
+                   help="show every log line, warning and third-party message in the terminal too")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("status", help="each stage of a config: cached or not, key, size")
@@ -249,18 +277,26 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
         g.set_defaults(func=fn)
 
+    ex = sub.add_parser("export", help="write a document stage's kept (and rejected) documents to a folder")
+    ex.add_argument("stage", help="ingest, langid, quality, safety, dedup or augment")
+    ex.add_argument("config")
+    ex.add_argument("overrides", nargs="*")
+    ex.add_argument("--to", required=True, metavar="DIR", help="folder to write kept/, rejected/ and export.json")
+    ex.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    ex.add_argument("--rejected", action="store_true", help="also the rejected documents, with reasons and scores")
+    ex.set_defaults(func=cmd_export)
+
     sv = sub.add_parser("serve", help="start a local Triton server on a deploy artifact and wait")
     sv.add_argument("artifact", nargs="?", help="deploy artifact path or key (default: the config's latest)")
     sv.add_argument("--config", default="configs/tiny.yaml")
     sv.add_argument("--http-port", type=int, default=8000)
     sv.add_argument("--grpc-port", type=int, default=8001)
+    sv.add_argument("--metrics-port", type=int, default=8002)
     sv.set_defaults(func=cmd_serve)
 
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")
     se.add_argument("--state-dir", default=".llmpipe")
     se.add_argument("--port", type=int, default=4200)
-    se.add_argument("--no-warm", dest="warm", action="store_false",
-                    help="do not start the warm runner that `llmpipe run` hands its runs to")
     se.set_defaults(func=cmd_server)
 
     w = sub.add_parser("worker", help="start a Prefect process worker for the deployments")
@@ -275,39 +311,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fast_exit() -> None:
-    """Skip the garbage collector's passes over every object at interpreter exit.
-
-    Prefect and pydantic leave hundreds of thousands of objects behind; the collections Python runs
-    while tearing the interpreter down cost about half a second of a no-change rerun, to reclaim
-    memory the process is about to return anyway. Registered first, so it runs after every other
-    exit handler (Prefect's log and event flushes included); reference counting still frees
-    objects, closes files and runs finalizers as usual.
-    """
-    import atexit
-    import gc
-
-    atexit.unregister(gc.freeze)  # once, however often main() runs in one process (tests)
-    atexit.register(gc.freeze)
-
-
-def prepare_process() -> None:
-    """Exit handling and logging of an ``llmpipe`` process (the warm runner does it before its imports)."""
-    _fast_exit()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _configure_logging(verbose: bool = True) -> None:
+    """INFO to stderr: the terminal with ``-v`` or outside ``run``, the run's log file otherwise."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def main(argv: list[str] | None = None, warm: bool = True) -> int:
-    """The command. ``warm=False``: never hand ``run`` to the warm runner (the warm runner's own runs)."""
-    prepare_process()
+def entry() -> int:
+    """The console script: ``main`` as the process itself, which may take over its file descriptors."""
+    return main(process=True)
+
+
+def main(argv: list[str] | None = None, process: bool = False) -> int:
+    """The command. ``process``: this is the ``llmpipe`` process itself (the console script), so
+    ``run`` may point file descriptors 1 and 2 at its log files; an in-process caller keeps its own."""
+    _configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    args.argv = argv
-    if hasattr(args, "warm"):
-        args.warm = args.warm and warm
+    args.process = process
     if extra:  # overrides may come after options: `run CONFIG --until dedup train.lr=3e-4`
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]
@@ -316,25 +340,55 @@ def main(argv: list[str] | None = None, warm: bool = True) -> int:
     try:
         return args.func(args)
     except ConfigError as e:
-        print(f"llmpipe: bad config:\n{e}", file=sys.stderr)
+        _report(f"llmpipe: bad config:\n{e}")
         return EXIT_CONFIG
     except SourceError as e:
-        print(f"llmpipe: bad source: {args.__dict__.get('config', '')}: {e}", file=sys.stderr)
+        _report(f"llmpipe: bad source: {args.__dict__.get('config', '')}: {e}")
         return EXIT_CONFIG
     except ValueError as e:
         if "unknown stage" in str(e) or "no such" in str(e):
-            print(f"llmpipe: {e}", file=sys.stderr)
+            _report(f"llmpipe: {e}")
             return EXIT_CONFIG
-        raise
-    except Exception as e:  # noqa: BLE001 - the command line reports, it does not trace back
-        from llmpipe.runner import MissingInput, StageFailed
-
-        err: BaseException | None = e
-        while err is not None and not isinstance(err, (StageFailed, MissingInput)):
-            err = err.__cause__ or err.__context__
-        print(f"llmpipe: {err if err is not None else f'{type(e).__name__}: {e}'}", file=sys.stderr)
+        _report(_failure(e))
         return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - the command line reports, it does not trace back
+        _report(_failure(e))
+        return EXIT_FAILED
+    finally:
+        from llmpipe import console
+
+        if console.active() is not None:
+            console.active().close(restore=not process)
+
+
+def _failure(e: BaseException) -> str:
+    """One line for a failed run: the stage and its error (not Prefect's wrappers), and the stage's log."""
+    from llmpipe import console
+    from llmpipe.runner import MissingInput, StageFailed
+
+    err: BaseException | None = e
+    while err is not None and not isinstance(err, (StageFailed, MissingInput)):
+        err = err.__cause__ or err.__context__
+    message = f"llmpipe: {err if err is not None else f'{type(e).__name__}: {e}'}"
+    run = console.active()
+    if run is not None:
+        stage = getattr(err, "stage", None) or run.current_stage
+        log = run.stage_log(stage) if stage and run.stage_log(stage).exists() else run.log_dir / console.RUN_LOG
+        message += f"\n  log: {_shown(log)}"
+    return message
+
+
+def _report(message: str) -> None:
+    """An error goes to the terminal, also when a run's output goes to its log files."""
+    from llmpipe import console
+
+    run = console.active()
+    if run is not None:
+        print(message, file=sys.stderr)  # the log file keeps it too
+        run.error(message)
+    else:
+        print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.ops import ManagedProcess, wait_for_http
+from llmpipe.ops.process import guard, run_foreground
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PREFECT_FILE = PROJECT_ROOT / "deployments" / "prefect.yaml"
@@ -114,44 +115,11 @@ def start_server(
     return proc
 
 
-def start_warm_runner(state_dir: str | Path = ".llmpipe", *, timeout: float = 120.0,
-                      env: Mapping[str, str] | None = None) -> ManagedProcess | None:
-    """Start the warm runner (``flows/warm.py``) for the server of ``state_dir``; None where unsupported.
+def server(state_dir: str | Path = ".llmpipe", host: str = "127.0.0.1", port: int = 4200) -> int:
+    """``llmpipe server``: a local Prefect server until Ctrl-C; prints the UI address.
 
-    It inherits this environment (or ``env``), as the ``llmpipe run`` commands it serves do, and is
-    ready once it listens (it then writes its pid to ``warm.ready``). Needs the server up: it finds
-    it through ``server.json`` or ``PREFECT_API_URL``, like a run.
-    """
-    from flows import warm
-
-    if not warm.supported():
-        return None
-    home = prefect_home(state_dir)
-    home.mkdir(parents=True, exist_ok=True)
-    ready = home / "warm.ready"
-    ready.unlink(missing_ok=True)
-    proc = ManagedProcess([sys.executable, "-m", "flows.warm", "--state-dir", str(state_dir), "--ready", str(ready)],
-                          home / "warm.log", env=env, name="llmpipe-warm-runner")
-    proc.start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.alive():
-        try:
-            if int(ready.read_text()) == proc.pid:
-                ready.unlink()
-                return proc
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    proc.stop()
-    raise RuntimeError(f"the warm runner did not start within {timeout:.0f} s; its log:\n{proc.tail()}")
-
-
-def server(state_dir: str | Path = ".llmpipe", host: str = "127.0.0.1", port: int = 4200,
-           warm: bool = True) -> int:
-    """``llmpipe server``: a local Prefect server (and the warm runner) until Ctrl-C; prints the UI address.
-
-    SIGTERM and SIGHUP stop it like Ctrl-C: the server and the warm runner run in sessions of their
-    own, so they would outlive a ``llmpipe server`` that died without stopping them.
+    SIGTERM and SIGHUP stop it like Ctrl-C: the server runs in a session of its own, so it would
+    outlive a ``llmpipe server`` that died without stopping it.
     """
     import signal
 
@@ -161,30 +129,21 @@ def server(state_dir: str | Path = ".llmpipe", host: str = "127.0.0.1", port: in
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
     proc = start_server(state_dir, host, port)
-    runner = None
     try:
         print(f"Prefect UI: http://{host}:{port}", flush=True)
         print(f"API: http://{host}:{port}/api   state: {prefect_home(state_dir)}   log: {proc.log_path}", flush=True)
-        if warm:
-            try:
-                runner = start_warm_runner(state_dir)
-            except RuntimeError as e:
-                print(f"warning: {e}\n`llmpipe run` works without it, paying its start-up each run", flush=True)
-        if runner is not None:
-            print(f"warm runner: `llmpipe run` starts in its pid {runner.pid} (log: {runner.log_path})", flush=True)
         print("next: `llmpipe deploy` and `llmpipe worker` in other terminals; Ctrl-C stops the server", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         return proc.stop() or 0
     finally:
-        if runner is not None:
-            runner.stop()
         proc.stop()
         _server_file(state_dir).unlink(missing_ok=True)
 
 
 # -- work pool, deployments -------------------------------------------------------------------------
 def _run_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path, what: str, timeout: float) -> str:
+    guard()  # the `prefect` child ends with this process even if it is killed
     r = subprocess.run(_prefect_cmd(*args), env=dict(env), cwd=cwd, capture_output=True, text=True,
                        timeout=timeout, check=False)
     if r.returncode != 0:
@@ -198,6 +157,7 @@ def ensure_work_pool(pool: str = WORK_POOL, *, pool_type: str = "process", state
     """Create the work pool if it does not exist (deployments must name an existing pool)."""
     url = resolve_api_url(state_dir, api_url)
     env = prefect_env(state_dir, url)
+    guard()
     probe = subprocess.run(_prefect_cmd("work-pool", "inspect", pool), env=env, capture_output=True,
                            text=True, timeout=120, check=False)
     if probe.returncode == 0:
@@ -280,16 +240,18 @@ def start_worker(
 
 def worker(pool: str = WORK_POOL, *, state_dir: str | Path = ".llmpipe", api_url: str | None = None,
            limit: int | None = None) -> int:
-    """``llmpipe worker``: run a process worker in the foreground until Ctrl-C."""
+    """``llmpipe worker``: run a process worker in the foreground until Ctrl-C (or SIGTERM, SIGHUP).
+
+    The worker runs in a session of its own: the first two signals are passed on to it, a third
+    one, or 10 s after the first, kills it and its flow runs, and if this command is killed its
+    watchdog ends them (:func:`llmpipe.ops.process.run_foreground`).
+    """
     url = resolve_api_url(state_dir, api_url)
     args = ["worker", "start", "--pool", pool, "--type", "process", "--install-policy", "never"]
     if limit:
         args += ["--limit", str(limit)]
     print(f"worker on pool {pool!r} -> {url}", flush=True)
-    try:
-        return subprocess.call(_prefect_cmd(*args), env=prefect_env(state_dir, url), cwd=PROJECT_ROOT)
-    except KeyboardInterrupt:
-        return 130
+    return run_foreground(_prefect_cmd(*args), env=prefect_env(state_dir, url), cwd=PROJECT_ROOT)
 
 
 # -- runs (Python API, against the chosen server) ---------------------------------------------------
@@ -375,26 +337,3 @@ def create_failure_alert(webhook_url: str, *, name: str = "llmpipe-failed-runs",
             actions=[CallWebhook(block_document_id=block_id, payload=payload)],
         )
         return automation.create()
-
-
-# -- task runner for the flows ----------------------------------------------------------------------
-def make_task_runner(pipeline_config: Any) -> Any:
-    """The Prefect task runner that ``runner:`` in the pipeline config asks for.
-
-    ``kind: dask`` returns a ``prefect_dask.DaskTaskRunner`` on the same cluster as the shard runner
-    (``runner.dask_address``, or the LocalCluster that ``llmpipe.runners_dask`` starts for this
-    process), so Prefect tasks and shard jobs share workers. ``kind: local`` returns a thread pool
-    (stage tasks are I/O-light wrappers; the shard work itself runs on the process pool).
-    """
-    runner = pipeline_config.runner
-    if runner.kind == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        from llmpipe.runners_dask import shared_local_cluster
-
-        address = runner.dask_address or shared_local_cluster(
-            runner.dask_workers, runner.dask_threads_per_worker).scheduler_address
-        return DaskTaskRunner(address=address)
-    from prefect.task_runners import ThreadPoolTaskRunner
-
-    return ThreadPoolTaskRunner(max_workers=max(1, int(runner.workers)))

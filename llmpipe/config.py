@@ -78,7 +78,7 @@ class PipelineConfig(Section):
     store: str = Field(".llmpipe/store", description="artifact store root: a path or an fsspec URL")
     state_dir: str = Field(".llmpipe", description="local state: Prefect home, source hash cache, "
                            "built-in corpus, remote-store cache")
-    sources: list[SourceConfig] = Field(default_factory=list, description="the raw inputs (see sources.*)")
+    sources: list[SourceConfig] = Field(default_factory=list, description="the raw inputs, at least one (keys of each entry: sources[].*)")
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     langid: LangIdConfig = Field(default_factory=LangIdConfig)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmpipe import console
 from llmpipe.config import PipelineConfig
 from llmpipe.pipeline import load_stages
 from llmpipe.stage import LocalRunner, ShardRunner, StageContext, StageSpec
@@ -193,10 +194,18 @@ def run_pipeline(cfg: PipelineConfig, flow: str | None = None, start: str | None
     chosen = select(planned, flow, start, until)
     arts = resolve_upstream(store, planned, chosen)
     runs = []
-    for ps in chosen:
-        art, ran, secs = execute(cfg, store, ps, arts)
+    run_console = console.active()
+    for i, ps in enumerate(chosen, 1):
+        if run_console is not None:
+            run_console.stage_started(i, len(chosen), ps.name)
+        with console.stage_output(ps.name):
+            art, ran, secs = execute(cfg, store, ps, arts,
+                                     on_progress=run_console.progress if run_console is not None else None)
         arts[ps.name] = art
         runs.append(StageRun(ps.name, ps.key, ran, secs, str(art.path), art.stats))
+        if run_console is not None:
+            run_console.stage_finished(i, len(chosen), {"stage": ps.name, "status": "ran" if ran else "cached",
+                                                        "seconds": secs})
     store.record_run({"flow": flow or "lifecycle", "artifacts": {r.stage: r.key for r in runs},
                       "pid": os.getpid(), "time": time.time()})
     return runs

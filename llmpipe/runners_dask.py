@@ -2,10 +2,11 @@
 
 ``runner.kind: dask`` in the config selects :class:`DaskRunner`. It connects to an existing
 ``distributed`` scheduler (``runner.dask_address``) or starts one :class:`~distributed.LocalCluster`
-per process on 127.0.0.1 (``runner.dask_workers`` processes), which the Prefect flows' DaskTaskRunner
-reuses (``flows/ops.py:make_task_runner``), so Prefect tasks and shard jobs share one cluster.
+per process on 127.0.0.1 (``runner.dask_workers`` processes). The stages themselves run one after
+another as Prefect tasks in the flow's process (each needs the one before); their shard jobs go to
+the cluster.
 
-When ``map`` is called from inside a Dask worker (a Prefect task running on the cluster), it uses
+When ``map`` is called from inside a Dask worker (a caller that itself runs on the cluster), it uses
 ``worker_client()``, which secedes the calling task from the worker's thread pool while it waits,
 so shard jobs submitted from a task cannot deadlock the cluster.
 """
@@ -28,9 +29,14 @@ def shared_local_cluster(n_workers: int = 2, threads_per_worker: int = 1) -> Any
     """One LocalCluster per (workers, threads) in this process, on 127.0.0.1, without a dashboard.
 
     Shared so that the Prefect task runner and the shard runner of one flow run use the same
-    worker processes; closed when the interpreter exits.
+    worker processes; closed when the interpreter exits. Its worker processes (started by the
+    Nannies, which run in this process) exit when this process dies, through distributed's own
+    parent-alive pipe, unless a forked child of ours still holds that pipe; this process's
+    watchdog (:func:`llmpipe.ops.process.guard`) ends them in any case.
     """
     from distributed import LocalCluster
+
+    from llmpipe.ops.process import guard
 
     key = (int(n_workers), int(threads_per_worker))
     with _LOCK:
@@ -40,6 +46,7 @@ def shared_local_cluster(n_workers: int = 2, threads_per_worker: int = 1) -> Any
                 n_workers=key[0], threads_per_worker=key[1], processes=True,
                 host="127.0.0.1", dashboard_address=None,
             )
+            guard()  # note its worker processes now, not at the watchdog's next scan
             _CLUSTERS[key] = cluster
         return cluster
 

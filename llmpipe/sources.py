@@ -79,6 +79,21 @@ def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path, 
     return out
 
 
+def check_sources(cfg: Any) -> None:
+    """Raise SourceError naming the key when the config has no sources or one that cannot be read.
+
+    ``llmpipe run`` calls it before Prefect starts, so a typo costs no server start-up. The files are
+    only listed here; hashing them is the planner's job (with its size/mtime cache).
+    """
+    if not cfg.sources:
+        raise SourceError("sources: a pipeline needs at least one source, got [] "
+                          "(e.g. sources: [{name: web, path: data/}])")
+    from llmpipe.runner import state_dir
+
+    for src in cfg.sources:
+        source_files(src, cfg.base_dir(), state_dir(cfg))
+
+
 class HashCache:
     """sha256 of files, reused while size and mtime are unchanged."""
 

@@ -50,7 +50,17 @@ def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
         run_only = " (run-only: not in the stage key)" if extra.get(_RUN_ONLY) else ""
         desc = (field.description or "").replace("|", "\\|") + run_only
         out.append(f"| `{path}` | `{_type_name(ann)}` | `{_default(field)}` | {desc.strip()} |")
+        item = _list_item_model(ann)
+        if item is not None:  # a list of sections (sources): the keys of each entry
+            out += rows(item, path + "[].")
     return out
+
+
+def _list_item_model(ann: Any) -> type[BaseModel] | None:
+    """The model of ``list[Model]``, else None."""
+    args = get_args(ann) if get_origin(ann) is list else ()
+    item = args[0] if len(args) == 1 else None
+    return item if isinstance(item, type) and issubclass(item, BaseModel) else None
 
 
 def main() -> None:

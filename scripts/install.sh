@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Extra install steps that pip's dependency list cannot express. Idempotent; run by `make install` and CI.
+# Install steps that pip's dependency list cannot express. Idempotent; run by `make install` (what a run
+# needs) and, with --test, by `make install-test` (what the tests need besides).
 set -euo pipefail
 PY="${PYTHON:-.venv/bin/python}"
+FOR_TESTS=0
+[ "${1:-}" = "--test" ] && FOR_TESTS=1
 APT_UPDATED=0
 apt_install() {  # apt_install BINARY PACKAGE...: install Debian packages when BINARY is missing
   local bin="$1"; shift
   command -v "$bin" >/dev/null 2>&1 && return 0
   if ! command -v apt-get >/dev/null 2>&1; then echo "install.sh: $bin missing and no apt-get; tests needing it skip" >&2; return 0; fi
-  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then echo "install.sh: $bin missing and no root or sudo; tests needing it skip" >&2; return 0; fi
+    sudo="sudo"
+  fi
   if [ $APT_UPDATED = 0 ]; then $sudo apt-get update -qq; APT_UPDATED=1; fi
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
 }
+if [ $FOR_TESTS = 0 ]; then
+  # Serving: a local Triton 2.51 server + Python backend from the nvidia-pytriton wheel. The wheel pins
+  # numpy<2 while llmcompressor needs numpy>=2, so it goes in without its deps (we only run its bundled
+  # tritonserver binary, never import pytriton); see llmpipe/serving/server.py.
+  "$PY" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" 2>/dev/null \
+    || "$PY" -m pip install --quiet --no-deps "nvidia-pytriton==0.7.0"
+  # Byte-compile the project's own modules, as pip does for every installed wheel: an editable install
+  # leaves them as source, and with PYTHONDONTWRITEBYTECODE set (containers, CI) every `llmpipe` command
+  # would compile its modules again before it starts.
+  "$PY" -m compileall -q -j 0 llmpipe flows tasks >/dev/null
+  exit 0
+fi
 # Headless browser for the Prefect UI end-to-end test (tests/e2e); playwright drives this binary, never downloads one.
 apt_install chromium chromium
-# Serving (issue 7): a local Triton 2.51 server + Python backend from the nvidia-pytriton wheel. The wheel
-# pins numpy<2 while llmcompressor needs numpy>=2, so it goes in without its deps (we only run its bundled
-# tritonserver binary, never import pytriton); see llmpipe/serving/server.py. nginx: `nginx -t` of deployments/triton.
-"$PY" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" 2>/dev/null \
-  || "$PY" -m pip install --no-deps "nvidia-pytriton==0.7.0"
+# nginx: `nginx -t` of the production manifests in deployments/triton
 apt_install nginx nginx-light
 # dedup: the Redis-backed LSH index test starts a real redis-server
 apt_install redis-server redis-server
-# Byte-compile the project's own modules, as pip does for every installed wheel: an editable install
-# leaves them as source, and with PYTHONDONTWRITEBYTECODE set (containers, CI) every `llmpipe` command
-# would compile its ~40 modules (180 kB) again before it starts: 0.08 CPU-s of each run.
-"$PY" -m compileall -q -j 0 llmpipe flows tasks >/dev/null

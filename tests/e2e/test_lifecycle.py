@@ -1,14 +1,17 @@
-"""The whole tiny lifecycle through the real CLI and Prefect: raw text to a Triton server answering.
+"""The whole tiny lifecycle as a new user runs it: raw text to a Triton server answering.
 
-(c) ``llmpipe run configs/tiny.yaml`` from ingest to deploy; every stage's artifact verifies, lineage
-of the served model reaches the raw sources, and a Triton server started on the deployed repository
-answers over HTTP and gRPC with what ``transformers`` generates. (d) The same command again: every
-stage ``Cached``, no stage work done.
+The real ``llmpipe`` console script in a brand-new empty folder holding only a copy of the tiny config:
+no server, no ``.llmpipe/``, no ``PREFECT_*`` variables (Prefect starts a temporary server). (c) From
+ingest to deploy: exit 0, every stage ran, the terminal shows the stage lines and the table and no
+traceback or warning; every stage's artifact verifies, lineage of the served model reaches the raw
+sources, and a Triton server started on the deployed repository answers over HTTP and gRPC.
+(d) The same command again: every stage ``Cached``, exit 0, as clean.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +25,22 @@ STAGES = ["ingest", "langid", "quality", "safety", "dedup", "augment", "tokenize
           "evaluate", "quantize", "deploy"]
 
 
-def _cli(tmp: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": ""}
-    env.pop("PREFECT_API_URL")
-    cmd = [sys.executable, "-m", "flows.cli", "run", "configs/tiny.yaml", f"store={tmp / 'store'}",
-           f"state_dir={tmp / 'state'}", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def _cli(project: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    """``llmpipe run tiny.yaml`` in ``project``, as a user types it there (a copy of the tiny config)."""
+    project.mkdir(exist_ok=True)
+    if not (project / "tiny.yaml").exists():
+        shutil.copy(ROOT / "configs" / "tiny.yaml", project / "tiny.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    llmpipe = Path(sys.executable).parent / "llmpipe"  # the console script pip installed
+    return subprocess.run([str(llmpipe), "run", "tiny.yaml", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _assert_clean(run: subprocess.CompletedProcess[str]) -> None:
+    """Stage lines and the table only: no traceback, no warning, nothing on stderr."""
+    for word in ("Traceback", "Warning", "WARNING", "warnings.warn"):
+        assert word not in run.stdout, run.stdout
+    assert run.stderr == "", run.stderr[-4000:]
 
 
 def _table(stdout: str) -> dict[str, list[str]]:
@@ -39,18 +52,21 @@ def _table(stdout: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_tiny_lifecycle_then_all_cached(tmp_path: Path) -> None:
-    first = _cli(tmp_path)
-    assert first.returncode == 0, first.stderr[-4000:]
+def test_tiny_lifecycle_in_a_fresh_folder_then_all_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    first = _cli(project)
+    assert first.returncode == 0, first.stderr[-4000:] + _latest_logs(project)
     table = _table(first.stdout)
     assert list(table) == STAGES, first.stdout
     assert all(r[2] == "ran" for r in table.values()), first.stdout
+    _assert_clean(first)
+    assert (project / ".llmpipe" / "logs" / "latest" / "pretrain.log").is_file()
 
     from llmpipe.config import load_config
     from llmpipe.runner import open_store, plan
 
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"store={tmp_path / 'store'}",
-                                                        f"state_dir={tmp_path / 'state'}"])
+    monkeypatch.chdir(project)  # the config's relative store and state folder, as the CLI saw them
+    cfg = load_config(project / "tiny.yaml")
     planned = plan(cfg)
     store = open_store(cfg)
     arts = {name: store.get(name, ps.key) for name, ps in planned.items()}
@@ -66,12 +82,18 @@ def test_tiny_lifecycle_then_all_cached(tmp_path: Path) -> None:
     assert {s["protocol"] for s in deploy.stats["smoke"] if s["ok"]} == {"http", "grpc"}
     _ask_triton(deploy.path)
 
-    again = _cli(tmp_path)
+    again = _cli(project)
     assert again.returncode == 0, again.stderr[-4000:]
+    _assert_clean(again)
     rerun = _table(again.stdout)
     assert list(rerun) == STAGES
     assert all(r[2] == "cached" for r in rerun.values()), again.stdout
     assert all(r[3] == "Cached" for r in rerun.values()), again.stdout  # Prefect's state, not only the store's
+
+
+def _latest_logs(project: Path) -> str:
+    logs = project / ".llmpipe" / "logs" / "latest"
+    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.glob("*.log")))
 
 
 def _ask_triton(deploy_dir: Path) -> None:

@@ -122,47 +122,6 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "nosuchstage" in unknown.stderr
 
 
-def test_cli_flow_run_emits_its_own_heartbeats_and_ends_without_waiting(prefect_server, monkeypatch) -> None:
-    """``llmpipe run`` takes the flow-run heartbeat over from Prefect's engine (whose thread is joined
-    in one-second sleeps at the end of each run): same event and resources, stopped at once."""
-    import prefect.events
-    from prefect import flow
-    from prefect.context import FlowRunContext
-    from prefect.settings import get_current_settings
-
-    from flows import common
-    from flows.cli import run_flow_in_process
-
-    beats: list[dict] = []
-    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: beats.append(kw))
-    seen: dict = {}
-
-    @flow(name="heartbeat-probe")
-    def probe() -> float:
-        ctx = FlowRunContext.get()
-        seen.update(run_id=str(ctx.flow_run.id), flow_id=str(ctx.flow_run.flow_id),
-                    engine_heartbeat=get_current_settings().flows.heartbeat_frequency,
-                    ours=common.HEARTBEAT_SECONDS)
-        t0 = time.perf_counter()
-        with common.flow_run_heartbeats(common.HEARTBEAT_SECONDS):
-            time.sleep(0.05)
-        return time.perf_counter() - t0
-
-    before = get_current_settings().flows.heartbeat_frequency
-    assert before is not None  # Prefect's default (180 s)
-    took = run_flow_in_process(probe)
-    assert seen["engine_heartbeat"] is None and seen["ours"] == before  # handed over for the run
-    assert get_current_settings().flows.heartbeat_frequency == before and common.HEARTBEAT_SECONDS is None
-    assert took < 0.5, f"leaving the heartbeat context took {took:.2f} s"
-    assert len(beats) == 1  # one at the start; the next is `before` seconds away
-    beat = beats[0]
-    assert beat["event"] == "prefect.flow-run.heartbeat"
-    assert beat["resource"]["prefect.resource.id"] == f"prefect.flow-run.{seen['run_id']}"
-    flows_related = [r for r in beat["related"] if r["prefect.resource.role"] == "flow"]
-    assert flows_related and flows_related[0]["prefect.resource.id"] == f"prefect.flow.{seen['flow_id']}"
-    assert flows_related[0]["prefect.resource.name"] == "heartbeat-probe"
-
-
 def test_rerun_links_the_reused_stages_reports_instead_of_republishing(prefect_server, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,28 +52,55 @@ def test_failed_stage_exit_1_names_it(project: Path, capsys: pytest.CaptureFixtu
     assert "sources.web.path" in capsys.readouterr().err
 
 
-def test_flows_store_plain_parameters_as_they_are_and_encode_the_rest_like_prefect() -> None:
-    """Our flows skip FastAPI's encoder (and its import) only where it would return the same thing."""
-    import enum
-    from datetime import date
+def test_no_sources_is_a_config_error(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workdir / "p.yaml").write_text("sources: []\n")
+    assert main(["run", "p.yaml", "--no-prefect"]) == 2
+    assert "sources: a pipeline needs at least one source" in capsys.readouterr().err
 
-    from fastapi.encoders import jsonable_encoder
 
-    from flows.common import PlainParamsFlow
-    from flows.lifecycle import lifecycle
+def _console(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real console script, without any Prefect setting of ours."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return subprocess.run([str(Path(sys.executable).parent / "llmpipe"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
 
-    assert isinstance(lifecycle, PlainParamsFlow)
-    plain = {"config": "configs/tiny.yaml", "overrides": ["train.lr=3e-4", "sources=[{name: a}]"],
-             "from_stage": None, "until": "dedup", "n": 3, "x": 0.5, "ok": True, "d": {"k": [1, "v"]}}
-    got = lifecycle.serialize_parameters(plain)
-    assert got == jsonable_encoder(plain)
-    assert got["overrides"] is not plain["overrides"]  # a copy, as the encoder gives
 
-    class Mode(enum.IntEnum):
-        FAST = 1
+@pytest.mark.parametrize(("config", "override", "expected"), [
+    ("sources: []\n", None, "sources: a pipeline needs at least one source, got []"),
+    ("sources:\n  - {name: web, path: nowhere}\n", None, "sources.web.path:"),
+    ("sources:\n  - {name: web, path: data}\n", "train.lr=fast", "p.yaml: train.lr: "),
+])
+def test_bad_config_refused_before_prefect_starts(tmp_path: Path, config: str, override: str | None,
+                                                   expected: str) -> None:
+    """Exit 2 naming the key, from the console script, and Prefect never started (no database, no home)."""
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": "hello there"}])
+    (tmp_path / "p.yaml").write_text(config)
+    run = _console(tmp_path, "run", "p.yaml", *([override] if override else []))
+    assert run.returncode == 2, run.stderr
+    assert expected in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / ".llmpipe" / "prefect").exists()
 
-    other = {"when": date(2026, 11, 30), "mode": Mode.FAST, "pair": ("a", "b"), "nan": float("nan")}
-    expected = {k: jsonable_encoder(v) for k, v in other.items()}
-    got = lifecycle.serialize_parameters(other)  # not plain JSON: Prefect's own path
-    assert {k: v for k, v in got.items() if k != "nan"} == {k: v for k, v in expected.items() if k != "nan"}
-    assert got["when"] == "2026-11-30" and got["mode"] == 1 and got["pair"] == ["a", "b"]
+
+def test_failed_stage_prints_one_error_naming_stage_reason_and_log(tmp_path: Path) -> None:
+    """A stage that fails: one message on stderr with the stage, the reason and its log file; the
+    traceback is in that log, not on the terminal."""
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": f"hello number {i}, a short line"} for i in range(5)])
+    (tmp_path / "p.yaml").write_text("sources:\n  - {name: web, path: data}\nrunner: {workers: 1}\n"
+                                     "tokenizer: {pretrained: no-such-tokenizer}\n")
+    run = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "tokenizer")
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert lines[0].startswith("llmpipe: stage 'tokenizer' failed:"), run.stderr
+    assert "Traceback" not in run.stderr and "Traceback" not in run.stdout
+    log = tmp_path / lines[-1].split("log: ", 1)[1]
+    assert log.name == "tokenizer.log" and "no-such-tokenizer" in log.read_text()
+    assert "[ 1/7] ingest" in run.stdout and "[ 6/7] augment" in run.stdout  # the stages before it
+
+
+def test_verbose_run_shows_the_logs_in_the_terminal(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": f"hello number {i}, a short line"} for i in range(5)])
+    (tmp_path / "p.yaml").write_text("sources:\n  - {name: web, path: data}\nrunner: {workers: 1}\n")
+    quiet = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "ingest")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "INFO" not in quiet.stdout, quiet.stdout
+    loud = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "ingest", "-v")
+    assert loud.returncode == 0 and "INFO" in loud.stderr, loud.stderr
