@@ -358,7 +358,7 @@ def report(texts: list[str], planted: dict[int, tuple[str, int]], ours: dict, th
         counts = {r: sum(v == r for v in d.values()) for r in ("langid", *RULES, "dedup")}
         print(f"  {side:9s} kept {sum(v is None for v in d.values()):6d}  dropped by " +
               ", ".join(f"{k} {v}" for k, v in counts.items()))
-    # CJK documents are judged differently on purpose (one word per character; datatrove's English
+    # CJK documents are judged differently on purpose (Sudachi / jieba words; datatrove's English
     # tokenizer sees one "word" per clause), so rule agreement is reported with and without them.
     spaced = [i for i, t in enumerate(texts) if not is_cjk_doc(t, None)]
     rule_agree = []

@@ -5,12 +5,18 @@ order of checks, same strict/non-strict comparisons), so decisions agree with da
 differ it is on purpose and documented here:
 
 * Words come from :func:`llmpipe.curation.text.split_words` (a regex close to spaCy's English
-  tokenizer) instead of a spaCy pipeline per language; CJK characters count one word each.
+  tokenizer) instead of a spaCy pipeline per language; runs of Han/kana characters are segmented
+  into words (Sudachi for Japanese, jieba's dictionary for Chinese: the tokenizers datatrove's
+  spaCy pipelines use). Every rule that counts words or n-grams (Gopher word counts and ratios,
+  Gopher n-grams, C4 words per line, FineWeb's list ratio) sees the same words, so a 5-gram is five
+  words in every language, not five characters.
 * For Chinese/Japanese documents (``lang`` from langid, or mostly-CJK text) the mean-word-length
-  rule is skipped (every word is one character) and stop words are the language's own, matched as
-  substrings; C4 accepts CJK sentence terminals and counts CJK words per line.
+  rule is skipped (their words average under two characters; Gopher's 3-10 bounds are for spaced
+  scripts) and stop words are the language's own, matched as substrings; C4 accepts CJK sentence
+  terminals and counts segmented words per line (its ``line.split()`` sees one word per CJK line).
 * Duplicate n-grams are compared as word tuples (datatrove joins words without a separator, which
   can merge different n-grams); n-gram identities are 64-bit hashes of word ids computed in numpy.
+  A top n-gram's characters include the spaces between its words only in spaced scripts.
 
 Every filter computes all its statistics (``scores``) before deciding, and the scores are kept in
 ``doc.metadata["scores"][name]``, so thresholds can be re-applied later with ``decide`` alone.
@@ -35,17 +41,19 @@ from llmpipe.curation.config import (
 from llmpipe.curation.filters import Filter, ScoredFilter
 from llmpipe.curation.text import (
     TERMINAL_TUPLE,
+    check_segmenters,
     count_sentences,
     duplicate_stats,
     is_cjk_doc,
     is_symbol_word,
+    segmenter_lang,
     split_words,
     stop_words,
+    words_of,
 )
 from llmpipe.document import Document
 
 _ALPHA = re.compile(r"[^\W\d_]")
-_KANA = re.compile(r"[\u3040-\u30ff]")
 
 
 def doc_lang(doc: Document, default: str) -> str:
@@ -92,9 +100,9 @@ class GopherQualityFilter(ScoredFilter):
         tagged = bool(doc.metadata.get("lang")) and doc_lang(doc, "") != ""
         lang = doc_lang(doc, self.default_lang)
         cjk = is_cjk_doc(text, lang if tagged else None)
+        words = split_words(text, lang)  # the same (text, lang) key as the other filters: one segmentation
         if cjk and not tagged:  # untagged CJK text: Japanese when it has kana, else Chinese
-            lang = "ja" if _KANA.search(text, 0, 4000) else "zh"
-        words = split_words(text)
+            lang = segmenter_lang(text, None)
         n_words = len(words)
         counts = Counter(words)
         n_non_symbol = chars_non_symbol = n_alpha = 0
@@ -168,12 +176,13 @@ def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
-def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
-    """Characters covered by the most frequent n-gram (length incl. n-1 spaces x count); ties: first seen."""
+def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int, sep: int = 1) -> int:
+    """Characters covered by the most frequent n-gram (its words plus n-1 separators of ``sep``
+    characters, times its count); ties: first seen."""
     _, first, counts = np.unique(h, return_index=True, return_counts=True)
     best = counts.max()
     i = int(first[counts == best].min())
-    return (int(lens[i : i + n].sum()) + n - 1) * int(best)
+    return (int(lens[i : i + n].sum()) + (n - 1) * sep) * int(best)
 
 
 def _dup_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
@@ -199,17 +208,20 @@ class GopherRepetitionFilter(ScoredFilter):
 
     name = "gopher_repetition"
 
-    def __init__(self, settings: GopherRepetitionSettings | None = None) -> None:
+    def __init__(self, settings: GopherRepetitionSettings | None = None, default_lang: str = "en") -> None:
         self.s = settings or GopherRepetitionSettings()
+        self.default_lang = default_lang
 
     def scores(self, doc: Document) -> dict[str, Any]:
         text = doc.text
+        lang = doc_lang(doc, self.default_lang)
+        sep = 0 if is_cjk_doc(text, doc.metadata.get("lang") and lang) else 1  # CJK words touch
         n_chars = max(len(text), 1)
         paras = _PARA_RE.split(text.strip())
         p_dup, p_chars = duplicate_stats(paras)
         lines = _LINE_RE.split(text)
         l_dup, l_chars = duplicate_stats(lines)
-        words = split_words(text)
+        words = split_words(text, lang)
         vocab: dict[str, int] = {}
         ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.uint64, count=len(words))
         lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
@@ -220,7 +232,7 @@ class GopherRepetitionFilter(ScoredFilter):
                 continue
             h = _ngram_hashes(ids, n)
             if n in self.s.top_n_grams:
-                top[n] = _top_ngram_chars(h, lens, n) / n_chars
+                top[n] = _top_ngram_chars(h, lens, n, sep) / n_chars
             if n in self.s.dup_n_grams:
                 dup[n] = _dup_ngram_chars(h, lens, n) / n_chars
         return {
@@ -267,6 +279,7 @@ class C4QualityFilter(ScoredFilter):
     def _lines(self, doc: Document) -> tuple[dict[str, Any], list[str]]:
         s = self.s
         cjk = is_cjk_doc(doc.text, doc.metadata.get("lang") and doc_lang(doc, self.default_lang))
+        seg = segmenter_lang(doc.text, doc_lang(doc, self.default_lang)) if cjk else None
         ends = _CJK_END_PUNCT if cjk else _END_PUNCT
         dropped: Counter[str] = Counter()
         kept: list[str] = []
@@ -274,7 +287,7 @@ class C4QualityFilter(ScoredFilter):
         lines = doc.text.splitlines()
         for line in lines:
             line = line.strip()
-            words = line.split()
+            words = words_of(line, seg) if seg else line.split()  # C4's words: whitespace-separated
             if s.max_word_length != -1 and any(len(w) > s.max_word_length for w in words):
                 dropped["too_long_word"] += 1
                 continue
@@ -283,8 +296,7 @@ class C4QualityFilter(ScoredFilter):
             if s.filter_no_terminal_punct and (not line.endswith(ends) or line.endswith("...")):
                 dropped["no_terminal_punct"] += 1
                 continue
-            n_words = len(split_words(line)) if cjk else len(words)
-            if n_words < s.min_words_per_line:
+            if len(words) < s.min_words_per_line:
                 dropped["too_few_words"] += 1
                 continue
             low = line.lower()
@@ -333,8 +345,9 @@ class FineWebQualityFilter(ScoredFilter):
 
     name = "fineweb"
 
-    def __init__(self, settings: FineWebSettings | None = None) -> None:
+    def __init__(self, settings: FineWebSettings | None = None, default_lang: str = "en") -> None:
         self.s = settings or FineWebSettings()
+        self.default_lang = default_lang
 
     def scores(self, doc: Document) -> dict[str, Any]:
         text = doc.text
@@ -342,7 +355,7 @@ class FineWebQualityFilter(ScoredFilter):
         if not lines:
             return {"empty": True}
         n = len(lines)
-        words = split_words(text)
+        words = split_words(text, doc_lang(doc, self.default_lang))
         return {
             "empty": False,
             "line_punct_ratio": sum(1 for ln in lines if ln.endswith(TERMINAL_TUPLE)) / n,
@@ -369,11 +382,13 @@ class FineWebQualityFilter(ScoredFilter):
 
 def build_quality_filters(cfg: QualityConfig) -> list[Filter]:
     """The configured quality filters, in the configured order."""
+    if cfg.filters:  # every filter counts words
+        check_segmenters()
     make = {
         "gopher_quality": lambda: GopherQualityFilter(cfg.gopher_quality, cfg.default_lang),
-        "gopher_repetition": lambda: GopherRepetitionFilter(cfg.gopher_repetition),
+        "gopher_repetition": lambda: GopherRepetitionFilter(cfg.gopher_repetition, cfg.default_lang),
         "c4": lambda: C4QualityFilter(cfg.c4, cfg.default_lang),
-        "fineweb": lambda: FineWebQualityFilter(cfg.fineweb),
+        "fineweb": lambda: FineWebQualityFilter(cfg.fineweb, cfg.default_lang),
     }
     return [make[name]() for name in cfg.filters]
 
