@@ -8,16 +8,16 @@ PY     := $(VENV)/bin/python
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install -qq --upgrade pip
 
 # what a run needs: the package and the Triton server binary (scripts/install.sh)
 install: $(PY)
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install -qq -e .
 	PYTHON=$(PY) bash scripts/install.sh
 
 # what the tests need besides: pytest and friends, a browser, nginx, redis-server
 install-test: install
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install -qq -e '.[test]'
 	PYTHON=$(PY) bash scripts/install.sh --test
 
 run: install
