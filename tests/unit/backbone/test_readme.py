@@ -15,8 +15,17 @@ def test_readme_config_reference_is_current() -> None:
                          "`python scripts/config_reference.py`:\n" + "\n".join(missing[:10]))
 
 
-def test_readme_names_the_two_commands() -> None:
+def test_ci_runs_the_readmes_two_commands_in_order() -> None:
+    """The Quick start's two commands are exactly what CI runs, main job first; `make run` installs no test tools."""
     readme = (ROOT / "README.md").read_text()
-    assert "make run" in readme and "make test" in readme
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test" in ci
+    quick = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in quick.strip().splitlines()]
+    assert commands == ["make run", "make test"]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    assert [c for c in ci if c.startswith("make")] == commands
+    make = (ROOT / "Makefile").read_text()
+    run_deps = make.split("\nrun:", 1)[1].splitlines()[0].split()
+    assert run_deps == ["install"]
+    install = make.split("\ninstall:", 1)[1].split("\n\n", 1)[0]
+    assert "[test]" not in install and "--test" not in install
