@@ -190,14 +190,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportError as e:
         print(f"llmpipe export: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"{r.stage} {r.key[:12]}: {r.kept} kept documents in {len(r.kept_files)} {r.format} files -> {r.out}/kept")
-    if r.rejected is not None:
-        print(f"{r.rejected} rejected documents in {len(r.rejected_files)} files -> {r.out}/rejected"
-              + (f"; {r.quarantined} quarantined records -> {r.out}/quarantine.jsonl" if r.quarantined else ""))
+    print("\n".join(r.summary()))
     return EXIT_OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.config and Path(args.config).is_file():
+        ensure_state_dirs(load_config(args.config).state_dir)
     from llmpipe.serving.server import main_serve
 
     return int(main_serve(args.artifact, config=args.config, http_port=args.http_port,

@@ -2,7 +2,9 @@
 
 Every curation stage reads and writes shards of the same schema, so any stage's output can be
 opened with ``datasets.load_dataset("parquet", ...)`` or pandas. ``metadata`` is stored as a JSON
-string so that stages can add keys (lang, scores, parent_id, ...) without a schema migration.
+string so that stages can add keys (lang, scores, parent_id, ...) without a schema migration, and
+so that a source record's own fields, nested objects and arrays included, ride through every stage
+as they were given (``Document.meta("metadata.published")`` reads one).
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from llmpipe.stage import lazy_import
 pa = lazy_import("pyarrow")
 pq = lazy_import("pyarrow.parquet")
 SHARD_GLOB = "*.parquet"
+# The declared layout of every document stage's artifact (ingest, langid, quality, safety, dedup,
+# augment): producers write and consumers read these folders by these names, never a spelled-out
+# sub-path. ``SHARDS`` holds the kept documents, loadable as they are with
+# ``datasets.load_dataset("parquet", data_dir=<artifact>/shards)``; ``REJECTED`` the documents a
+# stage removed, with ``metadata["reject_reason"]`` (and the filters' scores).
+SHARDS = "shards"
+REJECTED = "rejected"
 
 
 @functools.cache
@@ -37,6 +46,34 @@ class Document:
     text: str
     source: str
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def meta(self, path: str | Sequence[str | int], default: Any = None) -> Any:
+        """The metadata value at ``path`` (see ``metadata_value``): ``doc.meta("metadata.published")``."""
+        return metadata_value(self.metadata, path, default)
+
+
+def metadata_value(meta: dict[str, Any], path: str | Sequence[str | int], default: Any = None) -> Any:
+    """The value at a dotted ``path`` of a metadata dict, as the source record held it.
+
+    Ingest keeps every field of a record besides its text at the same place in the metadata, nested
+    objects and arrays included, so ``"metadata.published"`` reads ``{"metadata": {"published": ...}}``
+    and ``"links.0.href"`` the first element of a list. A key that itself holds a dot is found whole
+    first; a sequence of keys and indexes (``("a.b", 0)``) names any path exactly. ``default`` when
+    the path is absent.
+    """
+    if isinstance(path, str):
+        if path in meta:
+            return meta[path]
+        path = path.split(".")
+    value: Any = meta
+    for key in path:
+        if isinstance(value, dict) and str(key) in value:
+            value = value[str(key)]
+        elif isinstance(value, list) and str(key).lstrip("-").isdigit() and -len(value) <= int(key) < len(value):
+            value = value[int(key)]  # an index counts from the end when negative, as in Python
+        else:
+            return default
+    return value
 
 
 ID_BYTES = 12  # 24 hex characters
@@ -59,7 +96,8 @@ def dump_metadata(meta: dict[str, Any]) -> str:
             return _orjson.dumps(meta, option=_orjson.OPT_SORT_KEYS | _orjson.OPT_NON_STR_KEYS).decode()
         except TypeError:
             pass
-    return json.dumps(meta, ensure_ascii=False, sort_keys=True, default=str)
+    # json's own separators, spelled out: ``_loads`` knows this fallback's text (ints past 64 bits) by them
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True, default=str, separators=(", ", ": "))
 
 
 try:  # 5-10x faster than json for the per-document metadata; identical output is not needed, stability is
@@ -100,6 +138,10 @@ def write_table(path: str | Path, table: pa.Table, dictionary: bool | Sequence[s
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     use = dictionary if isinstance(dictionary, bool) else list(dictionary)
+    if table.num_rows == 0:  # no row group at all: `datasets` fails on a row group of 0 rows
+        pq.ParquetWriter(path, table.schema, compression=compression, write_statistics=False,
+                         use_dictionary=use).close()
+        return
     pq.write_table(table.combine_chunks(), path, compression=compression, write_statistics=False,
                    use_dictionary=use)
 
@@ -118,9 +160,19 @@ def iter_documents(path: str | Path, batch_size: int = 4096) -> Iterator[Documen
 
 
 def _loads(s: str) -> Any:
-    return _orjson.loads(s) if _orjson is not None else json.loads(s)
+    """A metadata string back to its dict. orjson would read an integer past 64 bits as a float, but
+    it cannot write one either: ``dump_metadata`` falls back to json for such values, and json's
+    ``": "`` separator (orjson's output has none outside strings) sends those strings to json."""
+    if _orjson is None or '": ' in s:
+        return json.loads(s)
+    return _orjson.loads(s)
 
 
 def shard_paths(directory: str | Path) -> list[Path]:
     """The document shards of an artifact, in their stable order (``<dir>/shards/*.parquet``)."""
-    return sorted((Path(directory) / "shards").glob(SHARD_GLOB))
+    return sorted((Path(directory) / SHARDS).glob(SHARD_GLOB))
+
+
+def rejected_paths(directory: str | Path) -> list[Path]:
+    """The rejected-document shards of an artifact, in their stable order (``<dir>/rejected/*.parquet``)."""
+    return sorted((Path(directory) / REJECTED).glob(SHARD_GLOB))

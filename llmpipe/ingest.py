@@ -2,36 +2,63 @@
 
 Each source file is one unit of work (and of caching: a nightly refresh that adds files reads only
 the new ones). Every record read ends as a document or as a quarantine line naming ``file:line``
-and the reason, so ``read = ingested + quarantined`` holds for each file and for the stage.
+and the reason, so ``read = ingested + quarantined`` holds for each file and for the stage; the cut
+tail of a truncated ``.gz``/``.zst`` counts as one quarantined record at the line it reached.
+
+Nothing a record holds besides its text is dropped: every other field, nested objects and arrays
+included, lands at the same place in the document's metadata (JSON, so ``null``, ints, floats and
+unicode come back exactly; ``Document.meta("metadata.published")`` reads one) and every later
+stage carries it on. A UTF-8 byte order mark at the start of a line is stripped.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime
 import gzip
 import hashlib
-import io
 import json
 import math
 import re
 import shutil
 import unicodedata
+import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from llmpipe.document import ID_BYTES, Document, shard_schema, stable_id, write_shard, write_table
+from llmpipe.document import (
+    ID_BYTES,
+    SHARD_GLOB,
+    SHARDS,
+    Document,
+    shard_schema,
+    stable_id,
+    write_shard,
+    write_table,
+)
 from llmpipe.sources import HashCache, source_files
 from llmpipe.stage import StageContext, link_file, stage
 from llmpipe.store import hash_json
 
-VERSION = "2"  # 2: sha256 ids; snappy shards, dictionary only on the source column
+# 2: sha256 ids; snappy shards, dictionary only on the source column. 3: nested fields and every
+# Parquet / save_to_disk column kept, BOMs stripped, truncated streams reported by line, text_lines
+# without the CR of CRLF, integers past 64 bits exact
+VERSION = "3"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark: Windows editors start a file with it
+_BLOCK = 1 << 16  # compressed bytes read (and decompressed) at a time
 
 
 class Bad(Exception):
-    """A record that cannot become a document; the message is the quarantine reason."""
+    """A record that cannot become a document; the message is the quarantine reason, ``kind`` the
+    reason's name in the stats' counts (the message up to its first colon unless given)."""
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind or message.split(":")[0]
 
 
 def normalize(text: str, form: str, strip_control: bool) -> str:
@@ -44,21 +71,90 @@ def normalize(text: str, form: str, strip_control: bool) -> str:
     return text
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
+def _compression(path: Path) -> str | None:
     name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if name.endswith(".zst"):
+    return "gzip" if name.endswith(".gz") else "zstd" if name.endswith(".zst") else None
+
+
+def _gzip_blocks(raw: BinaryIO) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip file (every member); ``read1`` hands over what came before a
+    cut, where ``read`` and line iteration drop it with the error."""
+    with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        while block := f.read1(_BLOCK):
+            yield block
+
+
+def _zstd_blocks(raw: BinaryIO) -> Iterator[bytes]:
+    """The decompressed bytes of a zstd file, every frame; EOFError when the last frame is cut (zstd's
+    stream reader ends such a file silently, as if it were complete)."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    dobj, in_frame = dctx.decompressobj(), False
+    while data := raw.read(_BLOCK):
+        while data:
+            out = dobj.decompress(data)
+            in_frame = True
+            if out:
+                yield out
+            if not dobj.eof:
+                break
+            data, dobj, in_frame = dobj.unused_data, dctx.decompressobj(), False
+    if in_frame:
+        raise EOFError("the file ends inside a zstd frame")
+
+
+def _stream_cut(kind: str, last_line: int, error: Exception) -> Bad:
+    """The quarantine reason of a compressed stream that stops early (EOFError) or turns corrupt."""
+    after = f"after line {last_line}" if last_line else "before its first line"
+    if isinstance(error, EOFError):
+        return Bad(f"truncated {kind} stream {after}", kind=f"truncated {kind} stream")
+    detail = f"{type(error).__name__}: {error}"
+    return Bad(f"corrupt {kind} stream {after}: {detail}", kind=f"corrupt {kind} stream")
+
+
+def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]]:
+    """(line number, bytes with their newline) of a compressed file; where the stream stops early
+    or is corrupt, a last ``Bad`` at the line it reached stands for the cut tail (whatever part of
+    that line was decompressed is dropped with it: a cut line is never taken for a whole one)."""
+    errors: tuple[type[Exception], ...] = (OSError, EOFError, zlib.error)
+    if kind == "zstd":
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))  # type: ignore[arg-type]
-    return open(path, "rb")
+        errors += (zstandard.ZstdError,)
+    with open(path, "rb") as raw:  # outside the try: a file that cannot be opened is no stream error
+        blocks = _gzip_blocks(raw) if kind == "gzip" else _zstd_blocks(raw)
+        no, pending = 1, []  # the pieces of a line that spans blocks (joined once, however long)
+        while True:
+            try:
+                block = next(blocks)
+            except StopIteration:
+                break
+            except errors as e:
+                yield no, _stream_cut(kind, no - 1, e)
+                return
+            start = 0
+            while (end := block.find(b"\n", start) + 1) > 0:  # lines end at LF only, as a plain file's do
+                line = block[start:end]
+                if pending:
+                    line, pending = b"".join([*pending, line]), []
+                yield no, line
+                no, start = no + 1, end
+            if start < len(block):
+                pending.append(block[start:])
+        if pending:
+            yield no, b"".join(pending)
 
 
-def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) of a file, or of one chunk ``(start, end, first_line, ...)`` of it."""
+def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes | Bad]]:
+    """(line number, bytes) of a file, or of one chunk ``(start, end, first_line, ...)`` of it; a
+    compressed file's cut tail comes as a last ``Bad`` (see ``_compressed_lines``)."""
     if chunk is None:
-        with _open_binary(path) as raw:
+        kind = _compression(path)
+        if kind is not None:
+            yield from _compressed_lines(path, kind)
+            return
+        with open(path, "rb") as raw:
             yield from enumerate(raw, start=1)
         return
     start, end, first_line = chunk[:3]
@@ -122,7 +218,30 @@ def scan_file(path: Path, n: int, digest: bool = True, block: int = 1 << 20) -> 
 
 
 def _json_loads(line: bytes) -> Any:
-    return _orjson.loads(line) if _orjson is not None else json.loads(line)
+    """A JSON line as json reads it, at orjson's speed: orjson reads an integer past 64 bits as a
+    float, so a record holding an integral float that large is read again by json (exact ints)."""
+    if _orjson is None:
+        return json.loads(line)
+    rec = _orjson.loads(line)
+    return json.loads(line) if type(rec) in _CONTAINERS and _holds_big_float(rec) else rec
+
+
+_CONTAINERS = {dict, list, float}
+
+
+def _holds_big_float(value: Any) -> bool:
+    """Whether a parsed JSON value holds an integral float of about 2**63 or more (in magnitude)
+    anywhere: what orjson makes of an integer it cannot hold (a float such as 1e19 reads the same in
+    json). A loop over a stack, not recursion: orjson accepts nesting deeper than Python's stack."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is float:
+            if (v >= 9.2e18 or v <= -9.2e18) and v.is_integer():
+                return True
+        else:
+            stack.extend(x for x in (v.values() if type(v) is dict else v) if type(x) in _CONTAINERS)
+    return False
 
 
 try:  # orjson parses 2-3x faster than json; same errors (its JSONDecodeError subclasses json's)
@@ -133,8 +252,14 @@ except ImportError:  # pragma: no cover
 
 def read_jsonl(path: Path, text_field: str, id_field: str | None,
                chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
-    """Yield (line number, text or Bad, extra metadata) for each non-blank line."""
+    """Yield (line number, text or Bad, extra metadata) for each non-blank line; the extra metadata
+    is every other field of the record, as it is (nested objects and arrays included)."""
     for n, line in _lines(path, chunk):
+        if isinstance(line, Bad):
+            yield str(n), line, {}
+            return
+        if line.startswith(BOM):
+            line = line[len(BOM):]
         if not line.strip():
             continue
         try:
@@ -159,40 +284,98 @@ def read_jsonl(path: Path, text_field: str, id_field: str | None,
         if not isinstance(text, str):
             yield str(n), Bad(f"text field {text_field!r} is {type(text).__name__}, not a string"), {}
             continue
-        extra = {k: v for k, v in rec.items() if isinstance(v, (str, int, float, bool)) or v is None}
+        extra = rec
         if id_field and id_field in rec:
             extra["orig_id"] = str(rec[id_field])
         yield str(n), text, extra
 
 
+def jsonable(value: Any) -> Any:
+    """A Parquet / Arrow cell as JSON can hold it, so that it rides the metadata JSON of every shard.
+
+    JSON's own values pass as they are, nested structs (dicts) and lists included; the others turn
+    into text: dates and times ISO 8601, bytes UTF-8 (base64 where not UTF-8), NaN and infinities
+    ``"NaN"``/``"Infinity"``/``"-Infinity"`` (JSON has no such numbers; orjson would write null),
+    anything else (decimals, durations) ``str(value)``, which keeps every digit.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):  # a map column comes as a list of (key, value) tuples
+        return [jsonable(v) for v in value]
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(raw).decode("ascii")
+    return str(value)
+
+
+def _table_records(batches: Iterable[Any], text_field: str, id_field: str | None,
+                   loc: Callable[[int], str]) -> Iterator[tuple[str, Any, dict]]:
+    """(location, text or Bad, every other column of the row) of Arrow record batches or tables."""
+    row = 0
+    for batch in batches:
+        data = batch.to_pydict()
+        others = [c for c in data if c != text_field]
+        for i, text in enumerate(data[text_field]):
+            extra = {c: jsonable(data[c][i]) for c in others}
+            if id_field and id_field in data:
+                extra["orig_id"] = str(data[id_field][i])
+            if not isinstance(text, str):
+                yield loc(row), Bad(f"text is {type(text).__name__}, not a string"), {}
+            else:
+                yield loc(row), text, extra
+            row += 1
+
+
 def read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    """Each row's text, with every other column (nested ones too) as metadata."""
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
     if text_field not in pf.schema_arrow.names:
         raise Bad(f"no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
-    row = 0
-    cols = [text_field] + ([id_field] if id_field and id_field in pf.schema_arrow.names else [])
-    for batch in pf.iter_batches(columns=cols, batch_size=8192):
-        data = batch.to_pydict()
-        for i, text in enumerate(data[text_field]):
-            row += 1
-            extra = {"orig_id": str(data[id_field][i])} if len(cols) > 1 else {}
-            if not isinstance(text, str):
-                yield f"row {row}", Bad(f"text is {type(text).__name__}, not a string"), {}
-            else:
-                yield f"row {row}", text, extra
+    batches = pf.iter_batches(batch_size=8192)
+    yield from _table_records(batches, text_field, id_field, lambda i: f"row {i + 1}")
+
+
+def _text_line(line: bytes) -> bytes:
+    """A text line without its line end (LF or CRLF) or a leading byte order mark."""
+    line = line[:-1] if line.endswith(b"\n") else line
+    line = line[:-1] if line.endswith(b"\r") else line
+    return line[len(BOM):] if line.startswith(BOM) else line
 
 
 def read_text(path: Path, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
-    data = path.read_bytes()
+    """A text file (plain, ``.gz`` or ``.zst``) as one document, or one per non-blank line."""
     if not per_line:
+        parts: list[bytes] = []
+        for _, line in _lines(path, None):
+            if isinstance(line, Bad):
+                yield "1", line, {}
+                return
+            parts.append(line)
+        data = b"".join(parts)
+        data = data[len(BOM):] if data.startswith(BOM) else data
         try:
             yield "1", data.decode("utf-8"), {}
         except UnicodeDecodeError as e:
             yield "1", Bad(f"undecodable bytes (not UTF-8) at byte {e.start}"), {}
         return
-    for n, line in enumerate(data.split(b"\n"), start=1):
+    for n, raw in _lines(path, None):
+        if isinstance(raw, Bad):
+            yield str(n), raw, {}
+            return
+        line = _text_line(raw)
         if not line.strip():
             continue
         try:
@@ -202,6 +385,8 @@ def read_text(path: Path, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
 
 
 def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    """Each row of a ``save_to_disk`` dataset (every split), with every other column as metadata;
+    read as Arrow, so image or audio features stay their stored values instead of being decoded."""
     import datasets
 
     ds = datasets.load_from_disk(str(path))
@@ -212,11 +397,9 @@ def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[
     for split, part in splits:
         if text_field not in part.column_names:
             raise Bad(f"no column {text_field!r} (columns: {', '.join(part.column_names)})")
-        for i, rec in enumerate(part):
-            loc = f"{split}[{i}]" if split else f"row {i + 1}"
-            text = rec[text_field]
-            extra = {"orig_id": str(rec[id_field])} if id_field and id_field in rec else {}
-            yield loc, text if isinstance(text, str) else Bad("text is not a string"), extra
+        batches = part.with_format("arrow").iter(batch_size=8192)
+        yield from _table_records(batches, text_field, id_field,
+                                  (lambda i, s=split: f"{s}[{i}]") if split else (lambda i: f"row {i + 1}"))
 
 
 def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
@@ -282,6 +465,8 @@ def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
     if arg["format"] != "jsonl" or path.name.lower().endswith((".gz", ".zst")):
         return None
     data, first_line, n_lines = _chunk_bytes(path, arg.get("chunk"))
+    if data.startswith(BOM):  # as the line loop does; a BOM at a later line's start fails Arrow's parse
+        data = data[len(BOM):]
     if not data or b"\r" in data:
         return None
     try:
@@ -307,7 +492,7 @@ def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
     full = pa.Table.from_arrays([ids, texts, _repeat(source, len(texts)), metas], schema=shard_schema())
     step = cfg["max_docs_per_shard"]
     for k, start in enumerate(range(0, full.num_rows, step)):
-        write_table(out / "shards" / f"{arg['prefix']}-{k:05d}.parquet", full.slice(start, step),
+        write_table(out / SHARDS / f"{arg['prefix']}-{k:05d}.parquet", full.slice(start, step),
                     dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
     return {"read": full.num_rows, "ingested": full.num_rows, "quarantined": 0, "reasons": {}, "fast": True}
 
@@ -489,7 +674,7 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
         fast = fast_jsonl(arg, out)
         if fast is not None:
             return fast
-        shutil.rmtree(out / "shards", ignore_errors=True)
+        shutil.rmtree(out / SHARDS, ignore_errors=True)
     path, fmt, rel = Path(arg["path"]), arg["format"], arg["rel"]
     cfg = arg["config"]
     where = f"{arg['display']}"
@@ -501,7 +686,7 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
     def flush() -> None:
         nonlocal docs, shard_no
         if docs:
-            write_shard(out / "shards" / f"{arg['prefix']}-{shard_no:05d}.parquet", docs,
+            write_shard(out / SHARDS / f"{arg['prefix']}-{shard_no:05d}.parquet", docs,
                         dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
             shard_no += 1
             docs = []
@@ -511,12 +696,12 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
         for loc, text, extra in iter_records(path, fmt, arg["text_field"], arg["id_field"], chunk):
             read += 1
             if isinstance(text, Bad):
-                reason = str(text)
+                reason, kind = str(text), text.kind
             else:
                 text = normalize(text, cfg["normalization"], cfg["strip_control"])
-                reason = "" if len(text.strip()) >= max(1, cfg["min_chars"]) else "empty text"
+                reason = kind = "" if len(text.strip()) >= max(1, cfg["min_chars"]) else "empty text"
             if reason:
-                reasons[reason.split(":")[0]] += 1
+                reasons[kind] += 1
                 quarantine.append({"where": f"{where}:{loc}", "reason": reason})
                 continue
             meta = {"file": rel, "loc": loc, **extra}
@@ -525,14 +710,15 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
                 flush()
     except Bad as e:  # the whole file is unreadable (e.g. missing column)
         read += 1
-        reasons[str(e).split(":")[0]] += 1
+        reasons[e.kind] += 1
         quarantine.append({"where": where, "reason": str(e)})
-    except (OSError, EOFError, ValueError) as e:  # corrupt compressed stream and the like
+    except (OSError, EOFError, ValueError) as e:  # a corrupt Parquet file and the like
         read += 1
         reasons["unreadable file"] += 1
         quarantine.append({"where": f"{where}", "reason": f"unreadable file: {type(e).__name__}: {e}"})
     flush()
     if quarantine:
+        out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
         (out / "quarantine.jsonl").write_text(
             "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
     ingested = read - len(quarantine)
@@ -565,8 +751,8 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
     per_source: dict[str, Counter[str]] = {}
     quarantine_lines: list[str] = []
     for (shard_dir, stats), (_, arg) in zip(results, items, strict=True):
-        for f in sorted((shard_dir / "shards").glob("*.parquet")):
-            link_file(f, ctx.out / "shards" / f.name)
+        for f in sorted((shard_dir / SHARDS).glob(SHARD_GLOB)):
+            link_file(f, ctx.out / SHARDS / f.name)
         q = shard_dir / "quarantine.jsonl"
         if q.is_file():
             quarantine_lines.append(q.read_text())
@@ -574,7 +760,7 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
             totals[k] += stats[k]
             per_source.setdefault(arg["source"], Counter())[k] += stats[k]
         reasons.update(stats["reasons"])
-    (ctx.out / "shards").mkdir(parents=True, exist_ok=True)
+    (ctx.out / SHARDS).mkdir(parents=True, exist_ok=True)
     if quarantine_lines:
         (ctx.out / "quarantine.jsonl").write_text("".join(quarantine_lines))
     assert totals["read"] == totals["ingested"] + totals["quarantined"]

@@ -4,7 +4,8 @@ Each stage filters its input shards one by one through :func:`llmpipe.curation.f
 with a per-shard cache (``ctx.cached_map``) keyed by the stage version, the stage's output-relevant
 config and the input shard's content hash, so a nightly refresh that adds shards only processes the
 new ones. Outputs: ``shards/<name>.parquet`` (kept), ``rejected/<name>.parquet`` (reason + scores),
-``funnel.json`` and ``funnel.png``; the funnel is also reported as a table and an image.
+``funnel.json`` and ``funnel.png``; the funnel is also reported as a table and an image. A stage
+configured with no filters changes nothing: its kept shards are hard links to the input shards.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from typing import Any
 
 from llmpipe.curation.config import LangIdConfig, QualityConfig, SafetyConfig
 from llmpipe.curation.filters import Filter, apply_filters, funnel_rows, merge_funnels, write_funnel
-from llmpipe.document import shard_paths
-from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.document import REJECTED, SHARDS, shard_paths, write_shard
+from llmpipe.stage import StageContext, lazy_import, link_file, stage
 from llmpipe.store import MANIFEST, hash_json, sha256_file
+
+pq = lazy_import("pyarrow.parquet")  # loaded when a stage runs, not when it registers
+# 2: an empty shard (all documents rejected, or none rejected) has no row group, which `datasets` reads
+VERSION = "2"
 
 
 def _langid_filters(cfg: LangIdConfig) -> list[Filter]:
@@ -51,12 +56,22 @@ def filter_shard(arg: tuple[str, str, Any], out_dir: Path) -> dict[str, Any]:
     kind, shard, cfg = arg
     filters = BUILDERS[kind][1](cfg)
     name = Path(shard).name
-    funnel = apply_filters(shard, out_dir / "shards" / name, out_dir / "rejected" / name, filters,
+    if not filters:
+        return _pass_through(Path(shard), out_dir, name)
+    funnel = apply_filters(shard, out_dir / SHARDS / name, out_dir / REJECTED / name, filters,
                            batch_size=cfg.batch_size)
     pii = [f for f in filters if hasattr(f, "totals")]
     if pii:
         funnel["pii"] = dict(pii[0].totals)  # type: ignore[attr-defined]
     return funnel
+
+
+def _pass_through(shard: Path, out_dir: Path, name: str) -> dict[str, Any]:
+    """No filters: every document is kept as it is, so the kept shard is the input file (a hard link)."""
+    link_file(shard, out_dir / SHARDS / name)
+    write_shard(out_dir / REJECTED / name, [])
+    n = pq.ParquetFile(shard).metadata.num_rows
+    return {"in": n, "kept": n, "rejected": {}, "filters": {}, "seconds": 0.0}
 
 
 def input_shard_hashes(artifact_dir: Path) -> list[tuple[Path, str]]:
@@ -67,7 +82,7 @@ def input_shard_hashes(artifact_dir: Path) -> list[tuple[Path, str]]:
         files = json.loads(mf.read_text()).get("files", {})
     out = []
     for p in shard_paths(artifact_dir):
-        entry = files.get(f"shards/{p.name}")
+        entry = files.get(f"{SHARDS}/{p.name}")
         out.append((p, entry["sha256"] if entry else sha256_file(p)))
     return out
 
@@ -84,7 +99,7 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
     cached = sum(1 for k, _ in items if (ctx.shard_dir(k) / "_DONE.json").exists())
     results = ctx.cached_map(filter_shard, items, desc=f"{kind} shards")
     for (d, _stats), (p, _sha) in zip(results, shards, strict=True):
-        for sub in ("shards", "rejected"):
+        for sub in (SHARDS, REJECTED):
             link_file(d / sub / p.name, ctx.out / sub / p.name)
     funnel = merge_funnels(s for _, s in results)
     pii: dict[str, int] = {}
@@ -106,19 +121,20 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
             **({"pii": funnel["pii"]} if kind == "safety" else {})}
 
 
-@stage("langid", version="1", inputs=("ingest",), config_field="langid", flow="data_refresh")
+@stage("langid", version=VERSION, inputs=("ingest",), config_field="langid", flow="data_refresh")
 def run_langid(ctx: StageContext) -> dict[str, Any]:
     """Language ID (fasttext lid.176): tag lang/lang_score, drop or route by language."""
     return run_filter_stage(ctx, "langid", "ingest")
 
 
-@stage("quality", version="1", inputs=("langid",), config_field="quality", flow="data_refresh")
+# quality 3: CJK runs are segmented into words (Sudachi / jieba), so word and n-gram rules count words
+@stage("quality", version="3", inputs=("langid",), config_field="quality", flow="data_refresh")
 def run_quality(ctx: StageContext) -> dict[str, Any]:
     """Quality filters (Gopher quality/repetition, C4, FineWeb) with scores kept beside decisions."""
     return run_filter_stage(ctx, "quality", "langid")
 
 
-@stage("safety", version="1", inputs=("quality",), config_field="safety", flow="data_refresh")
+@stage("safety", version=VERSION, inputs=("quality",), config_field="safety", flow="data_refresh")
 def run_safety(ctx: StageContext) -> dict[str, Any]:
     """Safety: per-language blocklist, PII redaction with per-type counts."""
     return run_filter_stage(ctx, "safety", "quality")

@@ -10,8 +10,9 @@ augmented document gets:
   ``augment_type`` and ``augment_seed``.
 
 Output shards keep the input file names: the originals (``keep_originals``) followed by the
-augmented documents, in input order. Shards are cached one by one (``ctx.cached_map``), keyed by
-the stage version, the config and the input shard's sha256, so a refresh augments only new shards.
+augmented documents, in input order; a shard that gains no document is the input file (a hard
+link). Shards are cached one by one (``ctx.cached_map``), keyed by the stage version, the config
+and the input shard's name and sha256, so a refresh augments only new shards.
 Model-based operators name their models by path; the key holds the path, not the weights.
 """
 
@@ -32,13 +33,13 @@ from llmpipe.curation.augment.config import (
     TemplateOp,
 )
 from llmpipe.curation.augment.operators import Outcome, Restructurer, SynonymReplacer, TemplateFiller, lang_of
-from llmpipe.document import Document, read_shard, shard_paths, write_shard
+from llmpipe.document import SHARDS, Document, read_shard, shard_paths, write_shard
 from llmpipe.stage import StageContext, lazy_import, link_file, stage
 from llmpipe.store import hash_json, sha256_file
 
 pq = lazy_import("pyarrow.parquet")  # loaded when the stage runs, not when it registers
 
-VERSION = "1"
+VERSION = "2"  # 2: an empty shard has no row group (`datasets` reads it); unchanged shards linked
 BATCH = 64
 
 
@@ -113,7 +114,10 @@ def _augment_shard(arg: tuple[str, AugmentConfig], out_dir: Path) -> dict[str, A
     docs = read_shard(path)
     children, stats = augment_documents(docs, cfg)
     kept = docs if cfg.keep_originals else []
-    write_shard(out_dir / Path(path).name, kept + children)
+    if cfg.keep_originals and not children:  # nothing added: the shard is the input file
+        link_file(Path(path), out_dir / Path(path).name)
+    else:
+        write_shard(out_dir / Path(path).name, kept + children)
     return {"docs_in": len(docs), "docs_out": len(kept) + len(children), "operators": stats}
 
 
@@ -175,11 +179,11 @@ def run_augment(ctx: StageContext) -> dict[str, Any]:
     cfg: AugmentConfig = ctx.config
     src = ctx.inputs["dedup"]
     shards = shard_paths(src)
-    (ctx.out / "shards").mkdir(parents=True, exist_ok=True)
+    (ctx.out / SHARDS).mkdir(parents=True, exist_ok=True)
     if not cfg.enabled or not cfg.operators:
         n = 0
         for p in shards:
-            link_file(p, ctx.out / "shards" / p.name)
+            link_file(p, ctx.out / SHARDS / p.name)
             n += pq.ParquetFile(p).metadata.num_rows
         ctx.log.info("augment: disabled; %d shards (%d documents) passed through", len(shards), n)
         return {"enabled": False, "shards": len(shards), "docs_in": n, "docs_out": n, "operators": {}}
@@ -187,13 +191,14 @@ def run_augment(ctx: StageContext) -> dict[str, Any]:
     base = ctx.pipeline.base_dir() if hasattr(ctx.pipeline, "base_dir") else Path.cwd()
     cfg = resolve_paths(cfg, base)
     _check_models(cfg)
-    items = [(hash_json(["augment", VERSION, key_cfg, input_shard_digest(src, p)]), (str(p), cfg))
+    # the name too: the result is a file of that name, and two shards may hold the same bytes (empty ones)
+    items = [(hash_json(["augment", VERSION, key_cfg, input_shard_digest(src, p), p.name]), (str(p), cfg))
              for p in shards]
     results = ctx.cached_map(_augment_shard, items, desc="augment")
     totals: dict[str, Any] = {}
     docs_in = docs_out = 0
     for (d, st), p in zip(results, shards, strict=True):
-        link_file(d / p.name, ctx.out / "shards" / p.name)
+        link_file(d / p.name, ctx.out / SHARDS / p.name)
         docs_in += st["docs_in"]
         docs_out += st["docs_out"]
         _merge(totals, st["operators"])

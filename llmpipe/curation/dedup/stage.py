@@ -2,8 +2,10 @@
 
 Artifact layout (under the stage's output directory):
 
-- ``shards/<name>.parquet`` kept documents, ``rejected/<name>.parquet`` removed ones with
-  ``metadata["reject_reason"]`` (``exact_duplicate`` / ``near_duplicate``) and ``duplicate_of``;
+- ``shards/<name>.parquet`` kept documents (text and metadata, as the input shard had them; an input
+  shard that loses no document is hard-linked, not rewritten), ``rejected/<name>.parquet`` removed
+  ones with ``metadata["reject_reason"]`` (``exact_duplicate`` / ``near_duplicate``) and
+  ``duplicate_of``;
 - ``index/meta.json`` (parameters + the ordered input shards with their sha256),
   ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
   ``index/lsh.pkl`` + ``index/lsh-delta-*.npz`` (memory backend: a base pickle of the ``MinHashLSH``
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.dedup.text import exact_hash, normalize
-from llmpipe.document import iter_documents, shard_paths, write_shard
+from llmpipe.document import REJECTED, SHARDS, iter_documents, rejected_paths, shard_paths, write_shard
 from llmpipe.stage import StageContext, lazy_import, link_file, stage
 from llmpipe.store import hash_json, sha256_file
 
@@ -35,7 +37,7 @@ pa = lazy_import("pyarrow")
 pq = lazy_import("pyarrow.parquet")
 core = lazy_import("llmpipe.curation.dedup.core")
 
-VERSION = "1"
+VERSION = "2"  # 2: an empty kept shard has no row group (`datasets` reads it); unchanged shards linked
 INDEX_FORMAT = 2  # 2: memory index as base + deltas
 
 
@@ -79,8 +81,14 @@ def shard_signatures(arg: tuple[str, dict[str, Any]], out_dir: Path) -> dict[str
 
 
 def write_filtered(job: tuple[str, str, str, np.ndarray, list[str | None]]) -> dict[str, int]:
-    """Split one input shard into kept / rejected files by its decisions."""
+    """Split one input shard into kept / rejected files by its decisions.
+
+    A shard that loses no document is the input file itself (a hard link: no bytes written).
+    """
     src, out_root, name, status, keeper_ids = job
+    if not (status != core.KEPT).any():
+        link_file(Path(src), Path(out_root) / SHARDS / name)
+        return {"kept": len(status), "rejected": 0}
     kept, rejected = [], []
     for row, doc in enumerate(iter_documents(src)):
         s = int(status[row])
@@ -90,9 +98,8 @@ def write_filtered(job: tuple[str, str, str, np.ndarray, list[str | None]]) -> d
             doc.metadata["reject_reason"] = core.REASONS[s]
             doc.metadata["duplicate_of"] = keeper_ids[row]
             rejected.append(doc)
-    write_shard(Path(out_root) / "shards" / name, kept)
-    if rejected:
-        write_shard(Path(out_root) / "rejected" / name, rejected)
+    write_shard(Path(out_root) / SHARDS / name, kept)
+    write_shard(Path(out_root) / REJECTED / name, rejected)
     return {"kept": len(kept), "rejected": len(rejected)}
 
 
@@ -117,7 +124,8 @@ def _params(cfg: Any) -> dict[str, Any]:
 
     bands, rows = lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows,
                              cfg.false_positive_weight, cfg.false_negative_weight)
-    return {**cfg.key_dict(), "bands": bands, "rows": rows, "index_format": INDEX_FORMAT}
+    # the stage version too: a refresh never links shards or decisions an older version wrote
+    return {**cfg.key_dict(), "bands": bands, "rows": rows, "index_format": INDEX_FORMAT, "version": VERSION}
 
 
 def find_previous(ctx: StageContext, params: dict[str, Any], shards: list[dict[str, Any]]) -> tuple[Path, dict] | None:
@@ -215,7 +223,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         s, ps = shards[k], prev[1]["shards"][k]
         stem = Path(s["name"]).stem
         for rel in (f"index/shards/{stem}/sig.npy", f"index/shards/{stem}/docs.parquet",
-                    f"shards/{s['name']}", f"rejected/{s['name']}",
+                    f"{SHARDS}/{s['name']}", f"{REJECTED}/{s['name']}",
                     f"index/bands/{stem}/keys.npy", f"index/bands/{stem}/docs.npy"):
             if (prev[0] / rel).is_file():
                 link_file(prev[0] / rel, ctx.out / rel)
@@ -354,7 +362,7 @@ def _funnel(ctx: StageContext, shards: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts from the written files (so they add up by construction of what is on disk)."""
     kept = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_paths(ctx.out))
     reasons: dict[str, int] = {}
-    for p in sorted((ctx.out / "rejected").glob("*.parquet")):
+    for p in rejected_paths(ctx.out):
         for doc in iter_documents(p):
             r = doc.metadata["reject_reason"]
             reasons[r] = reasons.get(r, 0) + 1
