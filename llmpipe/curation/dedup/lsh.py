@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 from datasketch import LeanMinHash, MinHashLSH
-from datasketch.lsh import _optimal_param
 
+from llmpipe.curation.dedup import datasketch_adapter as ds
 from llmpipe.stage import gc_paused, link_file
 
 _U64 = np.uint64
@@ -27,10 +27,10 @@ _U64 = np.uint64
 @lru_cache(maxsize=64)
 def lsh_params(threshold: float, num_perm: int, bands: int | None = None, rows: int | None = None,
                fp_weight: float = 0.5, fn_weight: float = 0.5) -> tuple[int, int]:
-    """(bands, rows): given, or datasketch's ``_optimal_param`` for the threshold and weights."""
+    """(bands, rows): given, or datasketch's optimum for the threshold and weights."""
     if bands is not None and rows is not None:
         return int(bands), int(rows)
-    return tuple(int(x) for x in _optimal_param(threshold, num_perm, fp_weight, fn_weight))  # type: ignore
+    return ds.optimal_params(threshold, num_perm, fp_weight, fn_weight)
 
 
 def _fmix64(h: np.ndarray) -> np.ndarray:
@@ -100,7 +100,7 @@ class DatasketchIndex:
         return self.lsh.b * self.lsh.r
 
     def _lean(self, row: np.ndarray) -> LeanMinHash:
-        return LeanMinHash(seed=self.seed, hashvalues=row, scheme="affine32")
+        return ds.lean(row, self.seed)
 
     def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
         """Insert docs ``idx`` (ascending), then query each: pairs (j, i) with i < j, shape (m, 2)."""
@@ -127,34 +127,19 @@ class DatasketchIndex:
         """Insert without a query, straight into the dict storage: what ``MinHashLSH.insert`` stores.
 
         Used to replay deltas: ``insert`` builds a ``LeanMinHash`` per document and byteswaps each
-        band separately; here each band's keys for all documents come from one numpy byteswap. The
-        first document goes through ``insert`` when the index is empty, so datasketch records the
-        scheme. A test checks that the tables equal those ``insert`` builds.
+        band separately; :func:`datasketch_adapter.bulk_insert` computes every bucket key with one
+        numpy byteswap. The first document goes through ``insert``, so datasketch records the
+        scheme of an empty index (or checks it against a loaded one's). Tests check that the tables
+        equal those ``insert`` builds.
         """
         lsh = self.lsh
         if not len(idx):
             return
-        if getattr(lsh, "_minhash_scheme", None) is None:
-            row = np.zeros(lsh.h, np.uint32)
-            row[: self._banded] = bands[0]
-            lsh.insert(int(idx[0]), self._lean(row), check_duplication=False)
-            idx, bands = idx[1:], bands[1:]
-        dtype = self._lean(np.zeros(lsh.h, np.uint32)).hashvalues.dtype  # what _H byteswaps
-        m, w = len(idx), lsh.r * dtype.itemsize
-        swapped = np.ascontiguousarray(bands, dtype=dtype).byteswap().reshape(m, lsh.b, lsh.r)
-        keys = [int(k) for k in idx]
-        per_band = []
+        row = np.zeros(lsh.h, np.uint32)
+        row[: self._banded] = bands[0, : self._banded]
         with gc_paused():
-            for band, table in enumerate(lsh.hashtables):
-                buf = np.ascontiguousarray(swapped[:, band]).tobytes()
-                hs = [buf[o : o + w] for o in range(0, m * w, w)]
-                per_band.append(hs)
-                d = table._dict  # DictSetStorage: band key -> set of document keys
-                for h, k in zip(hs, keys, strict=True):
-                    d[h].add(k)
-            kd = lsh.keys._dict  # DictListStorage: document key -> its band keys
-            for k, *hs in zip(keys, *per_band, strict=True):
-                kd[k].extend(hs)
+            lsh.insert(int(idx[0]), self._lean(row), check_duplication=False)
+            ds.bulk_insert(lsh, [int(k) for k in idx[1:]], bands[1:])
 
     def save(self, index_dir: Path) -> None:
         """Dict storage: link the base and deltas, add this run's delta, or compact into a new base."""
@@ -184,14 +169,9 @@ class DatasketchIndex:
         self._new.clear()
 
     def close(self) -> None:
-        """Free a dict index's buckets now, by reference counting.
-
-        ``MinHashLSH`` references itself (its bound ``_H``), so once dropped its millions of sets
-        and bytes would wait for a full cyclic collection (a traversal of the whole heap)."""
+        """Free a dict index's buckets now, by reference counting (see ``datasketch_adapter.free``)."""
         if self.meta["storage"]["type"] == "dict":
-            for table in self.lsh.hashtables:
-                table._dict.clear()
-            self.lsh.keys._dict.clear()
+            ds.free(self.lsh)
 
     @classmethod
     def load(cls, index_dir: Path, seed: int, storage: dict[str, Any] | None, threshold: float,

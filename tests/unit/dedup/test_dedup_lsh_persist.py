@@ -17,7 +17,10 @@ from tests.unit.dedup.test_dedup_stage import _decisions
 
 
 def _tables(index: DatasketchIndex) -> tuple[list[dict], dict]:
-    return [dict(t._dict) for t in index.lsh.hashtables], dict(index.lsh.keys._dict)
+    """Every bucket's documents per band, and every document's bucket keys (public storage API)."""
+    lsh = index.lsh
+    return ([{h: set(t.get(h)) for h in t.keys()} for t in lsh.hashtables],
+            {k: list(lsh.keys.get(k)) for k in lsh.keys.keys()})
 
 
 def test_bulk_insert_stores_what_minhashlsh_insert_stores(tmp_path: Path) -> None:
