@@ -10,14 +10,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
 
-# what a run needs: the package and the Triton server binary (scripts/install.sh)
+# what a run needs: the package with every stage family's extra, and the Triton server binary (scripts/install.sh)
 install: $(PY)
-	$(PY) -m pip install -qq -e .
+	$(PY) -m pip install -qq -e '.[all]'
 	PYTHON=$(PY) bash scripts/install.sh
 
 # what the tests need besides: pytest and friends, a browser, nginx, redis-server
 install-test: install
-	$(PY) -m pip install -qq -e '.[test]'
+	$(PY) -m pip install -qq -e '.[all,test]'
 	PYTHON=$(PY) bash scripts/install.sh --test
 
 run: install

@@ -1,6 +1,7 @@
 """The ``llmpipe`` command: run the DAG, inspect the store, operate Prefect and Triton.
 
-Exit codes: 0 ok, 2 bad config or usage (nothing ran), 1 a stage failed (the message names it).
+Exit codes: 0 ok, 2 bad config or usage, or a selected stage's pip extra not installed (nothing ran),
+1 a stage failed (the message names it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import ConfigError, PipelineConfig, load_config
+from llmpipe.pipeline import MissingExtra
 from llmpipe.sources import SourceError
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -76,10 +78,11 @@ def use_project_prefect(state_dir: str | Path) -> bool:
 
 def _preflight(cfg: PipelineConfig, args: argparse.Namespace) -> None:
     """Everything that can be checked from the config and the file system, before Prefect starts."""
-    from llmpipe.runner import check_stage_range
+    from llmpipe.runner import check_extras, check_stage_range
     from llmpipe.sources import check_sources
 
     check_stage_range(args.from_stage, args.until)  # unknown --from/--until: exit 2
+    check_extras(cfg, args.flow, args.from_stage, args.until)  # a selected stage's pip extra missing: exit 2
     check_sources(cfg)  # no sources, a missing path, an unreadable format: exit 2
 
 
@@ -343,6 +346,9 @@ def main(argv: list[str] | None = None, process: bool = False) -> int:
         return EXIT_CONFIG
     except SourceError as e:
         _report(f"llmpipe: bad source: {args.__dict__.get('config', '')}: {e}")
+        return EXIT_CONFIG
+    except MissingExtra as e:
+        _report(f"llmpipe: {e}")
         return EXIT_CONFIG
     except ValueError as e:
         if "unknown stage" in str(e) or "no such" in str(e):

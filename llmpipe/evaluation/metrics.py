@@ -11,6 +11,9 @@ padding; end-of-text targets are scored too, they are part of what the model mus
   spell 0 bytes. Unlike perplexity it does not depend on the tokenizer, so models with different
   vocabularies (or the same model before and after a tokenizer change) compare fairly.
 - ``accuracy`` = share of targets where the arg-max of the logits equals the target token.
+
+Timings (scoring seconds, generation seconds and tokens/s) come back apart, under ``timings``: they
+measure one run, so the stages put them in the manifest's stats, never in ``results.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -144,14 +147,26 @@ def _tally(cols: dict[str, np.ndarray], sel: np.ndarray) -> Tally:
                  bytes=int(cols["bytes"][sel].sum()), sequences=int(sel.any()))
 
 
+#: per-target columns (nll, correct, bytes, scored) of each sequence of one batch of token arrays
+Scorer = Callable[[list[np.ndarray]], list[dict[str, np.ndarray]]]
+
+
 def language_model_metrics(model: torch.nn.Module, sequences: Sequence[EvalSequence], pad_id: int | None,
                            byte_len: np.ndarray, batch_size: int = 8,
                            language_names: Sequence[str] = ()) -> dict[str, Any]:
     """Overall and per-language perplexity, bits-per-byte and next-token accuracy."""
+    return tally_sequences(sequences, lambda batch: score_batch(model, batch, pad_id, byte_len), batch_size,
+                           language_names)
+
+
+def tally_sequences(sequences: Sequence[EvalSequence], scorer: Scorer, batch_size: int = 8,
+                    language_names: Sequence[str] = ()) -> dict[str, Any]:
+    """Overall and per-language metrics of any scorer (the model, the unigram baseline): one code path
+    decides which targets count and where their bytes go, so two scorers compare on the same bytes."""
     overall, per_lang = Tally(), {}
     for i in range(0, len(sequences), batch_size):
         chunk = sequences[i : i + batch_size]
-        scored = score_batch(model, [np.asarray(s.tokens) for s in chunk], pad_id, byte_len)
+        scored = scorer([np.asarray(s.tokens) for s in chunk])
         for seq, cols in zip(chunk, scored, strict=True):
             overall.add(_tally(cols, cols["scored"]))
             if isinstance(seq.lang, np.ndarray):
@@ -173,7 +188,7 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max
              ) -> dict[str, Any]:
     """Greedy completions and decode speed. Every prompt decodes exactly ``max_new_tokens`` tokens
     (end-of-text does not stop it) so tokens/s of two models compare like with like; the shown
-    completion is cut at the first end-of-text."""
+    completion is cut at the first end-of-text. The rows hold results only; the speed is beside them."""
     dev = model_device(model)
     eos = tokenizer.eos_token_id
     rows, new_tokens, seconds = [], 0, 0.0
@@ -195,8 +210,9 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max
         seconds += dt
         shown = gen[: gen.index(eos)] if eos in gen else gen
         rows.append({"prompt": prompt, "completion": tokenizer.decode(shown, skip_special_tokens=True),
-                     "new_tokens": len(gen), "seconds": round(dt, 4)})
-    return {"generations": rows, "generation_tokens_per_s": new_tokens / seconds if seconds else float("nan")}
+                     "new_tokens": len(gen)})
+    return {"generations": rows, "generation_seconds": round(seconds, 4),
+            "generation_tokens_per_s": new_tokens / seconds if seconds else float("nan")}
 
 
 # -- multiple choice ----------------------------------------------------------------------------------
@@ -270,7 +286,11 @@ def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[E
                    batch_size: int = 8, prompts: Sequence[str] = (), max_new_tokens: int = 32,
                    tasks: dict[str, list[dict[str, Any]]] | None = None,
                    byte_len: np.ndarray | None = None, language_names: Sequence[str] = ()) -> dict[str, Any]:
-    """All metrics of one model on one set of held-out sequences (the gate calls this twice)."""
+    """All metrics of one model on one set of held-out sequences (the gate calls this twice).
+
+    ``res["timings"]`` holds how long it took (``lm_seconds``, ``generation_seconds``,
+    ``generation_tokens_per_s``); everything else is a pure function of the model and the data.
+    """
     if not sequences:
         raise ValueError("evaluate: no held-out sequences to evaluate on")
     was_training = model.training
@@ -282,9 +302,12 @@ def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[E
     if vocab is not None and len(byte_len) < vocab:  # ids the tokenizer never produces spell no bytes
         byte_len = np.concatenate([byte_len, np.zeros(vocab - len(byte_len), dtype=np.int64)])
     res = language_model_metrics(model, sequences, tokenizer.pad_token_id, byte_len, batch_size, language_names)
-    res["lm_seconds"] = round(time.perf_counter() - t0, 3)
+    timings: dict[str, Any] = {"lm_seconds": round(time.perf_counter() - t0, 3)}
     if prompts:
-        res.update(generate(model, tokenizer, prompts, max_new_tokens))
+        gen = generate(model, tokenizer, prompts, max_new_tokens)
+        res["generations"] = gen.pop("generations")
+        timings.update(gen)
+    res["timings"] = timings
     res["tasks"] = {name: task_accuracy(model, tokenizer, exs) for name, exs in (tasks or {}).items()}
     model.train(was_training)
     return res

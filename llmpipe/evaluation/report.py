@@ -1,17 +1,17 @@
-"""Markdown for the evaluation report: this model's numbers beside the previous evaluated model's."""
+"""Markdown for the evaluation report: this model's numbers beside the unigram baseline's and the previous
+evaluated model's."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-# (label, path into results["metrics"], lower is better)
+# (label, path into results["metrics"], lower is better); no timings: they are manifest stats
 _ROWS = [
     ("perplexity", ("overall", "perplexity"), True),
     ("bits per byte", ("overall", "bits_per_byte"), True),
     ("next-token accuracy", ("overall", "accuracy"), False),
     ("loss (nats/token)", ("overall", "loss"), True),
-    ("generation tokens/s", ("generation_tokens_per_s",), False),
 ]
 
 
@@ -29,8 +29,16 @@ def _fmt(v: float | None) -> str:
     return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
 
 
-def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """One row per metric (overall, per language, per task): this, previous, change."""
+def _ratio(metrics: dict[str, Any] | None, base: dict[str, Any] | None, path: tuple[str, ...]) -> float | None:
+    a, b = _get(metrics, path), _get(base, path)
+    return a / b if a is not None and b and not math.isnan(a) and not math.isnan(b) else None
+
+
+def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None, base: dict[str, Any] | None = None,
+                prev_base: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per metric (overall, per language, per task): this, the unigram baseline on the same
+    bytes (``base``, see :mod:`llmpipe.evaluation.baseline`), previous, change; and, with a baseline,
+    one "bits per byte ÷ unigram" row overall and per language (``prev_base``: the previous model's)."""
     paths = list(_ROWS)
     langs = sorted(set(cur.get("per_language", {})) | set((prev or {}).get("per_language", {})))
     for lang in langs:
@@ -40,31 +48,50 @@ def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None) -> list[dict[s
     for t in tasks:
         paths.append((f"task {t}: acc", ("tasks", t, "acc"), False))
         paths.append((f"task {t}: acc_norm", ("tasks", t, "acc_norm"), False))
+    values = [(label, _get(cur, path), _get(prev, path), _get(base, path), lower)
+              for label, path, lower in paths]
+    if base is not None:  # the ratio rows: overall right under bits per byte, per language after the rest
+
+        def ratio_row(prefix: str, path: tuple[str, ...]) -> tuple[str, Any, Any, None, bool]:
+            return f"{prefix}bits per byte ÷ unigram", _ratio(cur, base, path), _ratio(prev, prev_base, path), None, True
+
+        at = 1 + next(i for i, v in enumerate(values) if v[0] == "bits per byte")
+        values.insert(at, ratio_row("", ("overall", "bits_per_byte")))
+        values += [ratio_row(f"{lang}: ", ("per_language", lang, "bits_per_byte")) for lang in langs]
     rows = []
-    for label, path, lower_better in paths:
-        a, b = _get(cur, path), _get(prev, path)
+    for label, a, b, u, lower_better in values:
         delta = a - b if a is not None and b is not None else None
         verdict = ""
         if delta is not None and delta != 0 and not math.isnan(delta):
             verdict = "better" if (delta < 0) == lower_better else "worse"
-        rows.append({"metric": label, "this": a, "previous": b, "change": delta, "verdict": verdict})
+        rows.append({"metric": label, "this": a, "unigram": u, "previous": b, "change": delta, "verdict": verdict})
     return rows
 
 
 def regression_markdown(cur: dict[str, Any], prev: dict[str, Any] | None, prev_key: str | None,
-                        same_data: bool) -> str:
-    """The report: metric table against the previous evaluation, then the greedy samples."""
+                        same_data: bool, base: dict[str, Any] | None = None,
+                        prev_base: dict[str, Any] | None = None) -> str:
+    """The report: the model against the unigram baseline and the previous evaluation, then the
+    greedy samples."""
     lines = []
+    ratio = _ratio(cur, base, ("overall", "bits_per_byte"))
+    if ratio is not None:
+        lines.append(f"Held-out bits per byte: this model {_fmt(_get(cur, ('overall', 'bits_per_byte')))}, "
+                     f"a unigram model of the {base.get('train_tokens', '?')} training tokens "
+                     f"{_fmt(_get(base, ('overall', 'bits_per_byte')))} on the same bytes: "
+                     f"**{ratio:.3f}** of it (1.0: nothing learnt beyond token frequencies).\n")
     if prev is None:
         lines.append("_No previous evaluation in the store: nothing to compare with._\n")
     else:
         lines.append(f"Previous evaluation: `{(prev_key or '')[:12]}`"
                      + ("" if same_data else " (**different held-out data**: compare bits per byte, "
                                              "not perplexity)") + "\n")
-    lines += ["| metric | this model | previous | change | |", "| --- | ---: | ---: | ---: | --- |"]
-    for r in metric_rows(cur, prev):
+    lines += ["| metric | this model | unigram | previous | change | |",
+              "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in metric_rows(cur, prev, base, prev_base):
         ch = "–" if r["change"] is None else f"{r['change']:+.4g}"
-        lines.append(f"| {r['metric']} | {_fmt(r['this'])} | {_fmt(r['previous'])} | {ch} | {r['verdict']} |")
+        lines.append(f"| {r['metric']} | {_fmt(r['this'])} | {_fmt(r['unigram'])} | {_fmt(r['previous'])} | {ch} "
+                     f"| {r['verdict']} |")
     gens = cur.get("generations") or []
     if gens:
         lines += ["", "**Greedy samples**", "", "| prompt | completion |", "| --- | --- |"]

@@ -1,7 +1,9 @@
 """The ``evaluate`` stage: the pretrained model on the held-out split, beside the previous evaluation.
 
-Writes ``results.json`` (metrics, the data and settings they were computed with, the model's size)
-and a markdown regression table. The quantize stage reads ``results.json`` as the baseline of its
+Writes ``results.json`` (metrics, the data and settings they were computed with, the model's size,
+and under ``baseline`` a unigram model of the train split scored on the same bytes, with the ratio of
+the two bits per byte: see :mod:`llmpipe.evaluation.baseline`) and a markdown regression table. How long it took (scoring, generation tokens/s) goes to the
+manifest's stats only, so the same key always gives the same ``results.json``. The quantize stage reads ``results.json`` as the baseline of its
 quality gate and re-runs :func:`evaluate_model` with the settings recorded here, so the fp and the
 quantized numbers always come from the same data and the same code.
 """
@@ -21,13 +23,14 @@ from llmpipe.stage import StageContext, stage
 if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when it registers
     import torch
 
-VERSION = "1"
+VERSION = "3"  # 3: results.json gains "baseline" (the unigram model on the same bytes)
 RESULTS = "results.json"
 
 
 def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch.device,
-              model: Any = None) -> dict[str, Any]:
-    """Every metric of the checkpoint at ``ckpt`` (or of an already loaded ``model`` with its tokenizer)."""
+              model: Any = None, baseline: bool = False) -> dict[str, Any]:
+    """Every metric of the checkpoint at ``ckpt`` (or of an already loaded ``model`` with its tokenizer);
+    with ``baseline``, also the unigram model of the train split on the same sequences (``res["baseline"]``)."""
     from llmpipe.evaluation.data import load_sequences
     from llmpipe.evaluation.metrics import evaluate_model, load_task, token_byte_lengths
     from llmpipe.evaluation.model_io import checkpoint_bytes, load_model, load_tokenizer
@@ -41,9 +44,26 @@ def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch
                              max_new_tokens=cfg.max_new_tokens, tasks=tasks, byte_len=byte_len,
                              language_names=names)
     first = int(byte_len[int(seqs[0].tokens[0])])  # the split's first token is never a target
-    return {"metrics": metrics, "data": meta, "bytes_check": bytes_check(metrics, meta, first),
-            "model": {"checkpoint_bytes": checkpoint_bytes(ckpt),
-                      "parameters": sum(p.numel() for p in model.parameters()), "device": str(device)}}
+    res = {"metrics": metrics, "data": meta, "bytes_check": bytes_check(metrics, meta, first),
+           "model": {"checkpoint_bytes": checkpoint_bytes(ckpt),
+                     "parameters": sum(p.numel() for p in model.parameters()), "device": str(device)}}
+    if baseline:
+        res["baseline"] = unigram_baseline(tokenize_dir, seqs, names, tok.pad_token_id, byte_len, metrics)
+    return res
+
+
+def unigram_baseline(tokenize_dir: Path, seqs: list[Any], names: list[str], pad_id: int | None,
+                     byte_len: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The unigram model of the train split on the model's held-out sequences, and the bpb ratios."""
+    from llmpipe.evaluation.baseline import bpb_ratio, train_token_counts, unigram_metrics
+
+    uni = unigram_metrics(seqs, train_token_counts(tokenize_dir, "train"), pad_id, byte_len, names)
+    uni = {"kind": "unigram", "split": "train", **uni}
+    uni["bits_per_byte_ratio"] = bpb_ratio(metrics["overall"]["bits_per_byte"], uni["overall"]["bits_per_byte"])
+    uni["per_language_bits_per_byte_ratio"] = {
+        lang: bpb_ratio(m["bits_per_byte"], uni["per_language"][lang]["bits_per_byte"])
+        for lang, m in metrics["per_language"].items() if lang in uni["per_language"]}
+    return uni
 
 
 def bytes_check(metrics: dict[str, Any], meta: dict[str, Any], first_token_bytes: int) -> dict[str, Any] | None:
@@ -68,27 +88,33 @@ def previous_results(ctx: StageContext) -> tuple[dict[str, Any] | None, str | No
     return json.loads((Path(art.path) / RESULTS).read_text()), art.key, art.manifest
 
 
+def _finite(v: Any) -> Any:
+    """NaN as None: manifest stats are strict JSON."""
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     o = metrics["overall"]
     out = {k: o[k] for k in ("perplexity", "bits_per_byte", "accuracy", "tokens", "bytes")}
-    out["generation_tokens_per_s"] = metrics.get("generation_tokens_per_s")
     for name, t in metrics.get("tasks", {}).items():
         out[f"task_{name}_acc"] = t["acc"]
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
-@stage("evaluate", version=VERSION, inputs=("pretrain", "tokenize"), config_field="evaluate", flow="pretrain")
+@stage("evaluate", version=VERSION, inputs=("pretrain", "tokenize"), config_field="evaluate", flow="pretrain",
+       requires=("torch", "transformers"), extra="train")
 def run_evaluate(ctx: StageContext) -> dict[str, Any]:
-    """Perplexity, bits per byte and accuracy on held-out data; greedy samples; regression table."""
+    """Perplexity, bits per byte and accuracy on held-out data beside a unigram baseline; greedy samples;
+    regression table."""
     from llmpipe.evaluation.model_io import find_checkpoint, resolve_device
 
     cfg: EvaluateConfig = ctx.config
     device = resolve_device(cfg.device)
     ckpt = find_checkpoint(ctx.inputs["pretrain"])
     t0 = time.perf_counter()
-    res = run_suite(ckpt, ctx.inputs["tokenize"], cfg, device)
-    res.update({"settings": cfg.key_dict(), "inputs": dict(ctx.input_keys),
-                "seconds": round(time.perf_counter() - t0, 3)})
+    res = run_suite(ckpt, ctx.inputs["tokenize"], cfg, device, baseline=True)
+    timings = {**res["metrics"].pop("timings", {}), "seconds": round(time.perf_counter() - t0, 3)}
+    res.update({"settings": cfg.key_dict(), "inputs": dict(ctx.input_keys)})
     (ctx.out / RESULTS).write_text(json.dumps(res, indent=1, sort_keys=True, default=str))
     if res["bytes_check"] and not res["bytes_check"]["match"]:
         ctx.log.warning("evaluate: token bytes %s != text bytes %s; bits per byte is approximate",
@@ -96,15 +122,22 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
 
     prev, prev_key, prev_mf = previous_results(ctx)
     same_data = prev is not None and prev.get("inputs", {}).get("tokenize") == ctx.input_keys.get("tokenize")
-    ctx.report_markdown("evaluation", "Evaluation vs previous model",
-                        regression_markdown(res["metrics"], prev and prev["metrics"], prev_key, same_data))
+    base, prev_base = res["baseline"], prev and prev.get("baseline")  # an older results.json may have none
+    ctx.report_markdown("evaluation", "Evaluation vs unigram baseline and previous model",
+                        regression_markdown(res["metrics"], prev and prev["metrics"], prev_key, same_data, base,
+                                            prev_base))
     ctx.report_table("evaluation-metrics", "Evaluation metrics",
-                     [{k: v for k, v in r.items()} for r in metric_rows(res["metrics"], prev and prev["metrics"])])
+                     metric_rows(res["metrics"], prev and prev["metrics"], base, prev_base))
     o = res["metrics"]["overall"]
-    ctx.log.info("evaluate: ppl %.4g, bpb %.4g, acc %.4g on %d tokens (%s)", o["perplexity"],
-                 o["bits_per_byte"], o["accuracy"], o["tokens"], device)
+    ctx.log.info("evaluate: ppl %.4g, bpb %.4g (unigram %.4g, ratio %.3f), acc %.4g on %d tokens (%s)",
+                 o["perplexity"], o["bits_per_byte"], base["overall"]["bits_per_byte"],
+                 base["bits_per_byte_ratio"] or float("nan"), o["accuracy"], o["tokens"], device)
+    ctx.report_stats("evaluation-speed", "Evaluation speed", list(timings))
     stats = summary(res["metrics"])
-    stats.update({"previous_key": prev_key, "device": str(device), "seconds": res["seconds"]})
+    stats.update({"previous_key": prev_key, "device": str(device),
+                  "unigram_bits_per_byte": _finite(base["overall"]["bits_per_byte"]),
+                  "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"])})
+    stats.update({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in timings.items()})
     if prev is not None:
         p = prev["metrics"]["overall"]
         stats["perplexity_change"] = o["perplexity"] - p["perplexity"]

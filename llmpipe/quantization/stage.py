@@ -4,7 +4,10 @@ Artifact layout::
 
     model/              the checkpoint to deploy (compressed-tensors for AWQ; fp + marker for int8)
     calibration.npy     the calibration sample (int64 [n, len], padding = -1): pinned, hashed in results
-    results.json        the gate verdict, fp vs quantized metrics, bytes on disk, tokens/s
+    results.json        the gate verdict, fp vs quantized metrics, bytes on disk
+
+Speeds (fp and quantized generation tokens/s, seconds spent quantizing) are measurements of one
+run: they go to the manifest's stats (and the ``quantize-speed`` report), never into the files.
 
 The gate compares against the evaluate artifact's ``results.json`` and evaluates the quantized
 model with the settings recorded there, on the same held-out data. A failure raises
@@ -29,7 +32,8 @@ if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, n
     import numpy as np
     import torch
 
-VERSION = "1"
+VERSION = "2"
+TIMING_INFO = ("quantize_seconds",)  # keys of the quantizers' info that are timings, not results
 
 
 def calibration_sample(tokenize_dir: Path, cfg: QuantizeConfig) -> np.ndarray:
@@ -93,7 +97,7 @@ def quantize_awq(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Eva
             raise QualityGateError(f"quality gate: weights are not 4-bit after decompression: {bad} distinct "
                                    f"values in a group of {info['group_size']} (at most 16 allowed)")
     res = run_suite(qdir, ctx.inputs["tokenize"], ecfg, device, model=model)
-    res["tokens_per_s"] = res["metrics"].get("generation_tokens_per_s") or speed(model, load_tokenizer(qdir), ecfg)
+    res["tokens_per_s"] = _tokens_per_s(res) or speed(model, load_tokenizer(qdir), ecfg)
     return res, info
 
 
@@ -114,12 +118,19 @@ def quantize_int8(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Ev
     info = {"bits": 8, "quantize_seconds": round(time.perf_counter() - t0, 3), "int8_bytes": serialized_bytes(model)}
     write_marker(qdir, {"scheme": "int8_dynamic", "ignore": list(cfg.ignore), "dtype": "qint8"})
     res = run_suite(qdir, ctx.inputs["tokenize"], ecfg, torch.device("cpu"), model=model)
-    res["tokens_per_s"] = res["metrics"].get("generation_tokens_per_s") or speed(model, load_tokenizer(qdir), ecfg)
+    res["tokens_per_s"] = _tokens_per_s(res) or speed(model, load_tokenizer(qdir), ecfg)
     return res, info
 
 
+def _tokens_per_s(res: dict[str, Any]) -> float | None:
+    """Generation tokens/s of a ``run_suite`` result; its timings leave the metrics (they are stats)."""
+    return res["metrics"].pop("timings", {}).get("generation_tokens_per_s")
+
+
 @stage("quantize", version=VERSION, inputs=("pretrain", "tokenize", "evaluate"), config_field="quantize",
-       flow="release")
+       flow="release",
+       extra="quantize", requires=lambda cfg: ("torch", "transformers", *(
+           ("llmcompressor", "compressed_tensors") if cfg.quantize.scheme == "awq_w4" else ())))
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     """AWQ 4-bit (or int8 dynamic) quantization calibrated on our data, gated on held-out quality."""
     import torch
@@ -146,16 +157,19 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     fp_model = load_model(fp_dir, q_device)
     fp_tps = speed(fp_model, tok, ecfg)
     del fp_model
+    timings = {k: info.pop(k) for k in TIMING_INFO if k in info}
     comparison = [
-        {"model": "fp", "bytes_on_disk": checkpoint_bytes(fp_dir), "tokens_per_s": fp_tps, "device": str(q_device),
+        {"model": "fp", "bytes_on_disk": checkpoint_bytes(fp_dir), "device": str(q_device),
          "perplexity": fp_res["metrics"]["overall"]["perplexity"]},
-        {"model": cfg.scheme, "bytes_on_disk": q_bytes, "tokens_per_s": q_res["tokens_per_s"],
+        {"model": cfg.scheme, "bytes_on_disk": q_bytes,
          "device": str(q_device), "perplexity": q_res["metrics"]["overall"]["perplexity"]},
     ]
     results = {"scheme": cfg.scheme, "quantization": info, "comparison": comparison,
                "fp_metrics": fp_res["metrics"], "quantized_metrics": q_res["metrics"],
                "settings": cfg.key_dict(), "evaluate_settings": ecfg.key_dict(), "inputs": dict(ctx.input_keys)}
-    ctx.report_table("quantize-size-speed", "fp vs quantized: bytes on disk, generation tokens/s", comparison)
+    ctx.report_table("quantize-size", "fp vs quantized: bytes on disk, perplexity", comparison)
+    ctx.report_stats("quantize-speed", "fp vs quantized: generation tokens/s",
+                     ["fp_tokens_per_s", "quantized_tokens_per_s", "speedup", *timings])
     ctx.log.info("quantize: %s ppl fp %.4f -> %.4f, %d -> %d bytes", cfg.scheme, comparison[0]["perplexity"],
                  comparison[1]["perplexity"], comparison[0]["bytes_on_disk"], q_bytes)
     verdict = check_gate(fp_res["metrics"], q_res["metrics"], cfg.gate)
@@ -167,6 +181,7 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
              "fp_perplexity": comparison[0]["perplexity"], "quantized_perplexity": comparison[1]["perplexity"],
              "ppl_increase": verdict["checks"][0]["change"], "fp_bytes": comparison[0]["bytes_on_disk"],
              "quantized_bytes": q_bytes, "size_ratio": q_bytes / max(1, comparison[0]["bytes_on_disk"]),
-             "fp_tokens_per_s": fp_tps, "quantized_tokens_per_s": q_res["tokens_per_s"]}
+             "fp_tokens_per_s": fp_tps, "quantized_tokens_per_s": q_res["tokens_per_s"],
+             "speedup": q_res["tokens_per_s"] / fp_tps if fp_tps else None, **timings}
     stats.update({k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))})
     return stats

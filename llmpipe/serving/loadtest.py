@@ -1,8 +1,10 @@
 """Smoke and load tests against a running Triton server, loopback only, bounded in requests and time.
 
 The load test reports latency percentiles, throughput and the server's own batch-size histogram
-(model statistics API, diffed before/after so only this run counts), writes ``latency.json``, and
-raises SloViolation when p99 is over the objective, which fails the release.
+(model statistics API, diffed before/after so only this run counts), and raises SloViolation when
+p99 is over the objective, which fails the release. The figures are measurements of one run: the
+deploy stage keeps them in its manifest's stats; ``out_path`` writes them to a file of the caller's
+(a benchmark's), never into an artifact.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +99,29 @@ def write_model_repository(checkpoint: Path, repo: Path, cfg: DeployConfig, vers
                   "default_max_tokens": cfg.default_max_tokens}
         (vdir / SETTINGS_FILE).write_text(json.dumps(limits, indent=2) + "\n")
     return vdir
+
+
+def serving_copy(repo: Path) -> Path:
+    """A private copy of a model repository for one server run (the caller removes it afterwards).
+
+    Triton's Python backend writes next to ``model.py`` (``__pycache__``), and a published artifact
+    never changes, so a server runs from this copy: its directories are new, its files hard links
+    (no bytes copied when the filesystem allows; nothing opens them for writing), so whatever the
+    server creates lands in the copy. It sits beside the artifact (``.tmp-serve-*``: the store's gc
+    removes one a killed server left), else in the system temporary directory.
+    """
+    repo = Path(repo)
+    beside = repo.parent.parent if repo.name == REPO_DIR else repo.parent
+    try:
+        dest = Path(tempfile.mkdtemp(prefix=".tmp-serve-", dir=beside))
+    except OSError:  # a read-only place: the copy costs bytes there, not the artifact
+        dest = Path(tempfile.mkdtemp(prefix="llmpipe-serve-"))
+    for f in sorted(repo.rglob("*")):
+        if f.is_dir():
+            (dest / f.relative_to(repo)).mkdir(parents=True, exist_ok=True)
+        elif f.is_file():
+            link_file(f, dest / f.relative_to(repo))
+    return dest
 
 
 def model_config_summary(repo: Path) -> dict[str, Any]:

@@ -24,13 +24,16 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmpipe.ops.process import free_port
-from llmpipe.serving.repository import REPO_DIR
+import psutil
+
+from llmpipe.ops.process import free_port, interrupt_on, spawn, stop_tree
+from llmpipe.serving.repository import REPO_DIR, serving_copy
 
 
 class ServerError(RuntimeError):
@@ -139,8 +142,9 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
           log_path: Path | None = None) -> Iterator[TritonServer]:
     """Run tritonserver on 127.0.0.1 for ``repo_dir`` until the block exits.
 
-    Port 0 picks a free port. Waits for ``/v2/health/ready``; on exit sends SIGTERM and, after
-    ``stop_timeout_s``, SIGKILL. Raises ServerError (with the log tail) if it dies or never gets ready.
+    The server runs on a copy of the repository (:func:`repository.serving_copy`, removed on exit):
+    what it writes never lands in ``repo_dir``. Port 0 picks a free port. Waits for
+    ``/v2/health/ready``; on exit sends SIGTERM and, after ``stop_timeout_s``, SIGKILL. Raises ServerError (with the log tail) if it dies or never gets ready.
     """
     repo = Path(repo_dir).resolve()
     if (repo / REPO_DIR).is_dir():  # a deploy artifact: its repository is one level down
@@ -149,9 +153,10 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
     if not configs:
         raise ServerError(f"{repo}: not a Triton model repository (no <model>/config.pbtxt)")
     runtime = prepare_runtime()
+    run_repo = serving_copy(repo)  # the server writes (bytecode) into a copy, never into the artifact
     ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
     log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
-    cmd = [str(runtime / "bin" / "tritonserver"), f"--model-repository={repo}",
+    cmd = [str(runtime / "bin" / "tritonserver"), f"--model-repository={run_repo}",
            f"--backend-directory={runtime / 'backends'}", f"--cache-directory={runtime / 'caches'}",
            "--http-address=127.0.0.1", f"--http-port={ports[0]}",
            "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}",
@@ -159,15 +164,40 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
            "--exit-timeout-secs=5", "--log-verbose=0", "--strict-readiness=true"]
     if any("response_cache" in c.read_text() for c in configs):
         cmd.append(f"--cache-config=local,size={cache_bytes}")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
-                                start_new_session=True)
+    _remove_stale_regions()
+    regions = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}_"  # this server's backend shared memory
+    cmd.append(f"--backend-config=python,shm-region-prefix-name={regions}")
+    with open(log_path, "wb") as log:  # spawn: own session; ends with this process however it ends
+        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env())
     server = TritonServer(ports[0], ports[1], ports[2], proc, Path(log_path), repo)
     try:
         _wait_ready(server, startup_timeout_s)
         yield server
     finally:
         stop(server, stop_timeout_s)
+        shutil.rmtree(run_repo, ignore_errors=True)
+        _remove_regions(regions)  # a server stopped while it loaded its models leaves them
+
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "llmpipe_triton_"  # + the pid of the process that started the server + a token
+
+
+def _remove_regions(prefix: str) -> None:
+    """Remove the Python backend's shared-memory regions named ``prefix*`` (1 MiB each, in RAM)."""
+    for f in SHM_DIR.glob(f"{prefix}*") if SHM_DIR.is_dir() else []:
+        with suppress(OSError):
+            f.unlink()
+
+
+def _remove_stale_regions() -> None:
+    """Regions of servers whose starter is gone: killed before it could remove them (its watchdog
+    ended the server, and only the starter knew the regions' names)."""
+    for f in SHM_DIR.glob(f"{SHM_PREFIX}*") if SHM_DIR.is_dir() else []:
+        pid = f.name[len(SHM_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            with suppress(OSError):
+                f.unlink()
 
 
 def _wait_ready(server: TritonServer, timeout_s: float) -> None:
@@ -184,27 +214,10 @@ def _wait_ready(server: TritonServer, timeout_s: float) -> None:
 
 
 def stop(server: TritonServer, timeout_s: float = 20.0) -> int:
-    """SIGTERM the server's process group, SIGKILL it after ``timeout_s``; returns the exit code."""
-    proc = server.process
-    if proc.poll() is None:
-        _signal_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return int(proc.returncode)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    """Signal the server and its Python-backend stubs (they share the session we started)."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
+    """SIGTERM the server's process group (its Python-backend stubs too), SIGKILL it and every
+    descendant after ``timeout_s``; returns the exit code."""
+    code = stop_tree(server.process, grace=timeout_s)
+    return int(code if code is not None else server.process.wait(timeout=10))
 
 
 def resolve_artifact(artifact: str | Path | None, config: str | Path | None = None) -> Path:
@@ -236,16 +249,16 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
                grpc_port: int = 8001, metrics_port: int = 8002, startup_timeout_s: float = 180.0) -> int:
     """``llmpipe serve [ARTIFACT]``: serve a deploy artifact (or a model repository) until Ctrl-C."""
     repo = resolve_artifact(artifact_dir, config)
-    with serve(repo, http_port, grpc_port, metrics_port=metrics_port,
-               startup_timeout_s=startup_timeout_s) as server:
-        models = ", ".join(c.parent.name for c in sorted(server.repo.glob("*/config.pbtxt")))
-        print(f"serving {models}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
-              f"(log {server.log_path}); Ctrl-C stops", flush=True)
-        try:
+    try:  # SIGTERM/SIGHUP stop it like Ctrl-C: the server and its stubs are stopped, not left serving
+        with interrupt_on(signal.SIGTERM, signal.SIGHUP), \
+                serve(repo, http_port, grpc_port, metrics_port=metrics_port, startup_timeout_s=startup_timeout_s) as server:
+            models = ", ".join(c.parent.name for c in sorted(server.repo.glob("*/config.pbtxt")))
+            print(f"serving {models}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
+                  f"(log {server.log_path}); Ctrl-C stops", flush=True)
             while server.process.poll() is None:
                 time.sleep(0.5)
-        except KeyboardInterrupt:
-            return 0
-        print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
-              file=sys.stderr)
-        return 1
+            print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
+                  file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        return 0

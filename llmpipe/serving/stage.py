@@ -5,7 +5,10 @@ Output artifact::
     model_repository/<model>/...   # see llmpipe/serving/repository.py
     deploy.json                    # model, version, backend, ports the production manifests use
     triton.env                     # MODEL_NAME / MODEL_VERSION for deployments/triton/docker-compose.yml
-    latency.json                   # load-test figures (when deploy.verify and a local server can run)
+
+The smoke- and load-test figures (latencies, throughput, the batch histogram) are measurements of
+one run: they go to the manifest's stats and the ``deploy-latency`` report, not into the files, and
+the server runs on a copy of the repository (see ``server.serve``), so it writes nothing here either.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def registry_path(store: Any) -> Path:
     return Path(getattr(store, "local", None) or store.root) / "_deploy" / "versions.json"
 
 
-@stage("deploy", version="1", inputs=("quantize",), config_field="deploy", flow="release")
+@stage("deploy", version="2", inputs=("quantize",), config_field="deploy", flow="release",
+       requires=("torch", "transformers", "tritonclient"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
     from llmpipe.serving.repository import REPO_DIR, assign_version, find_checkpoint, write_model_repository
@@ -76,26 +80,18 @@ def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
                  loadtest.smoke_test(srv.grpc_url, cfg.model_name, "grpc")]
         ctx.progress("load test", 1, 3)
         url = srv.grpc_url if cfg.load_protocol == "grpc" else srv.http_url
-        try:
-            result = loadtest.load_test(
-                url, cfg.model_name, protocol=cfg.load_protocol, clients=cfg.load_clients,
-                requests=cfg.load_requests, max_seconds=cfg.load_max_seconds, max_tokens=cfg.load_max_tokens,
-                slo_p99_ms=cfg.slo_p99_ms, out_path=ctx.out / "latency.json")
-        finally:
-            _report(ctx, smoke)
+        result = loadtest.load_test(
+            url, cfg.model_name, protocol=cfg.load_protocol, clients=cfg.load_clients,
+            requests=cfg.load_requests, max_seconds=cfg.load_max_seconds, max_tokens=cfg.load_max_tokens,
+            slo_p99_ms=cfg.slo_p99_ms)
     ctx.progress("done", 3, 3)
-    return {"verified": True, "smoke": smoke, **{k: result[k] for k in (
-        "p50_ms", "p95_ms", "p99_ms", "throughput_rps", "mean_batch_size", "requests", "clients")}}
+    stats = {"verified": True, "smoke": smoke, **{k: result[k] for k in LOAD_TEST_STATS},
+             "load_seconds": result["seconds"], **{f"smoke_{s['protocol']}_ms": s["latency_ms"] for s in smoke}}
+    ctx.report_stats("deploy-latency", "Triton load test",
+                     [*LOAD_TEST_STATS, "load_seconds", *(f"smoke_{s['protocol']}_ms" for s in smoke)])
+    return stats
 
 
-def _report(ctx: StageContext, smoke: list[dict[str, Any]]) -> None:
-    path = ctx.out / "latency.json"
-    if not path.is_file():
-        return
-    r = json.loads(path.read_text())
-    rows = [{"metric": k, "value": r[k]} for k in (
-        "protocol", "clients", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "slo_p99_ms", "slo_ok",
-        "throughput_rps", "mean_batch_size")]
-    rows.append({"metric": "batch_histogram", "value": json.dumps(r["batch_histogram"])})
-    rows += [{"metric": f"smoke_{s['protocol']}_ms", "value": s["latency_ms"]} for s in smoke]
-    ctx.report_table("deploy-latency", "Triton load test", rows)
+# The load test's figures that the manifest's stats keep (and the deploy-latency report shows).
+LOAD_TEST_STATS = ("protocol", "clients", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms",
+                   "slo_p99_ms", "slo_ok", "throughput_rps", "mean_batch_size", "batch_histogram")

@@ -688,7 +688,8 @@ def _sum_stats(results: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
     return tot
 
 
-@stage("tokenize", version=VERSION, inputs=("augment", "tokenizer"), config_field="tokenize", flow="data_refresh")
+@stage("tokenize", version=VERSION, inputs=("augment", "tokenizer"), config_field="tokenize", flow="data_refresh",
+       requires=("tokenizers",), extra="tokenize")
 def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     """Encode documents, split train/val by document hash, mix, and pack fixed-length token shards."""
     cfg: TokenizeConfig = ctx.config

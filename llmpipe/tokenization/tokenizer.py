@@ -119,7 +119,8 @@ def bytes_per_token(tok: Any, artifact_dir: Path, per_lang: int = 200) -> list[d
     return rows
 
 
-@stage("tokenizer", version=VERSION, inputs=("augment",), config_field="tokenizer", flow="data_refresh")
+@stage("tokenizer", version=VERSION, inputs=("augment",), config_field="tokenizer", flow="data_refresh",
+       requires=("tokenizers", "transformers"), extra="tokenize")
 def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
     """Train a byte-level BPE on the curated corpus (or load a pretrained one) for transformers."""
     cfg: TokenizerConfig = ctx.config

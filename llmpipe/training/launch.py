@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.ops.process import free_port
+from llmpipe.ops.process import free_port, spawn, stop_tree
 from llmpipe.training.worker import METRIC_PREFIX
 
 
@@ -126,8 +125,9 @@ def launch(
     log_dir = run_dir / f"torchrun-logs-node{cfg.node_rank}"
     cmd = build_command(cfg, spec_path, log_dir, rdzv_id=rdzv_id)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=worker_env(cfg, env), start_new_session=True)
+    # spawn: its own session, and the workers end with this process however it ends (SIGKILL too)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                 env=worker_env(cfg, env))
     tail: list[str] = []
     metrics: list[dict[str, Any]] = []
     failure: list[BaseException] = []
@@ -186,19 +186,8 @@ def _parse_metric(line: str) -> dict[str, Any] | None:
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
-    """Stop the launcher and every worker it started (they share its process group)."""
-    if proc.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop the launcher and every worker it started (each torchrun worker has a session of its own)."""
+    stop_tree(proc, grace=10.0)
 
 
 def describe_failure(run_dir: Path, log_dir: Path, returncode: int, tail: list[str]) -> str:

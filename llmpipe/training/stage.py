@@ -2,9 +2,17 @@
 
 The artifact is a ``save_pretrained`` folder (``config.json`` + ``model.safetensors``) with the
 tokenizer files copied in, so ``AutoModelForCausalLM.from_pretrained(artifact)`` and
-``AutoTokenizer.from_pretrained(artifact)`` both work, plus ``metrics.jsonl`` and ``loss_curve.png``.
+``AutoTokenizer.from_pretrained(artifact)`` both work, plus ``metrics.jsonl`` (step, loss, lr,
+gradient norm, tokens: results only, so the same key gives the same bytes) and ``loss_curve.png``.
+Speed and memory (tokens/s, FLOP/s, MFU, peak memory, step time) are measurements of one run: they
+go to the manifest's stats, and the per-step records with them stay in the run folder.
 Checkpoints live outside the artifact (``<store>/pretrain/_runs/<key>``) so a killed run resumes
 from them on the next attempt with the same key.
+
+Two runs of one key give the same bytes at the same threads per worker (``train.threads_per_process``,
+a run setting: 0 = cores / processes; the stats record it): CPU kernels split their float
+reductions by thread count, so on 2 gloo processes 2 threads each instead of 1 change the loss
+from step 2 on in the 7th digit, and the weights with it.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from typing import Any
 from llmpipe.stage import StageContext, link_file, stage
 from llmpipe.training.config import STRATEGIES, TrainConfig
 from llmpipe.training.launch import TrainingError, launch
+from llmpipe.training.worker import MEASURED_FIELDS
 
 SKIP_TOKENIZER_FILES = {"manifest.json"}
 
@@ -112,11 +121,13 @@ def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
     ax.set_ylabel("training loss")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(png)
+    fig.savefig(png, metadata={"Software": None})  # no library version in the bytes: only the curve
     plt.close(fig)
 
 
-@stage("pretrain", version="1", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain")
+@stage("pretrain", version="2", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
+       extra="train", requires=lambda cfg: ("torch", "transformers", "tokenizers", "matplotlib", *(
+           ("deepspeed",) if "deepspeed" in (cfg.train.strategy, cfg.train.launcher) else ())))
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrain a Llama-style model with torchrun/DeepSpeed workers and export it with its tokenizer."""
     cfg: TrainConfig = resolve_deepspeed(ctx.config, ctx.pipeline.base_dir())
@@ -138,7 +149,7 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         if f.is_file() and f.name not in SKIP_TOKENIZER_FILES and not (ctx.out / f.name).exists():
             shutil.copy2(f, ctx.out / f.name)
     metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    (ctx.out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (ctx.out / "metrics.jsonl").write_text("".join(json.dumps(results_only(m)) + "\n" for m in metrics))
     plot_loss(metrics, ctx.out / "loss_curve.png")
     ctx.report_image("pretrain-loss", "Pretraining loss", ctx.out / "loss_curve.png")
     last = metrics[-1]
@@ -147,6 +158,12 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
              "tokens": last["tokens"], "seconds": round(res.seconds, 2),
              "tokens_per_s": sum(m["tokens_per_s"] for m in steady) / len(steady),
              "flops_per_s": sum(m["flops_per_s"] for m in steady) / len(steady),
+             "step_time_s": sum(m["step_time_s"] for m in steady) / len(steady),
              "mfu": last.get("mfu"), "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics)}
-    ctx.report_table("pretrain-summary", "Pretraining summary", [{"metric": k, "value": v} for k, v in stats.items()])
+    ctx.report_stats("pretrain-summary", "Pretraining summary", list(stats))
     return stats
+
+
+def results_only(record: dict[str, Any]) -> dict[str, Any]:
+    """A step record without its measurements (they differ between two runs of the same key)."""
+    return {k: v for k, v in record.items() if k not in MEASURED_FIELDS}

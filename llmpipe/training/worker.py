@@ -2,8 +2,8 @@
 
 The launcher (``launch.py``) writes the spec (the ``train:`` section plus paths resolved by the
 stage) and starts one of these per device. Rank/world come from the launcher's environment. Rank 0
-writes ``metrics.jsonl``, prints one ``LLMPIPE_METRIC {...}`` line per logged step (the launcher
-turns them into live progress), and exports the final model with ``save_pretrained``. Any rank
+writes ``metrics.jsonl`` into the run folder (results and measurements of each step), prints one
+``LLMPIPE_METRIC {...}`` line per logged step (the launcher turns them into live progress), and exports the final model with ``save_pretrained``. Any rank
 that fails writes ``errors/rank_<r>.json`` so the launcher can name the rank and the error.
 """
 
@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 METRIC_PREFIX = "LLMPIPE_METRIC "
+# Fields of a step record that measure the run (speed, memory) rather than the training result: they
+# stay in the run folder's metrics.jsonl and the manifest's stats, never in the published artifact.
+MEASURED_FIELDS = ("tokens_per_s", "flops_per_s", "mfu", "peak_mem_mb", "step_time_s")
 log = logging.getLogger("llmpipe.training.worker")
 
 
@@ -292,8 +295,12 @@ class Trainer:
                 self.save_checkpoint()
         self.save_checkpoint()
         self.export()
+        import torch
+
+        # CPU kernels split their float reductions by thread count: the bits of the weights (and so
+        # the stage's bytes for one key) are the same only at the same threads per process
         summary = {"steps": self.step, "nonfinite_steps": self.nonfinite_total, "loss_spikes": self.spikes,
-                   "attention": self.attn, "world_size": self.world}
+                   "attention": self.attn, "world_size": self.world, "threads_per_process": torch.get_num_threads()}
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(json.dumps(summary))
         return summary

@@ -3,13 +3,15 @@
 The real ``llmpipe`` console script in a brand-new empty folder holding only a copy of the tiny config:
 no server, no ``.llmpipe/``, no ``PREFECT_*`` variables (Prefect starts a temporary server). (c) From
 ingest to deploy: exit 0, every stage ran, the terminal shows the stage lines and the table and no
-traceback or warning; every stage's artifact verifies, lineage of the served model reaches the raw
+traceback or warning; every stage's artifact verifies, the model's held-out bits per byte are at most
+0.8x a unigram model's, lineage of the served model reaches the raw
 sources, and a Triton server started on the deployed repository answers over HTTP and gRPC.
 (d) The same command again: every stage ``Cached``, exit 0, as clean.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -71,6 +73,12 @@ def test_tiny_lifecycle_in_a_fresh_folder_then_all_cached(tmp_path: Path, monkey
     store = open_store(cfg)
     arts = {name: store.get(name, ps.key) for name, ps in planned.items()}
     assert all(a is not None for a in arts.values()), [n for n, a in arts.items() if a is None]
+
+    # the default run teaches the model something: well under a unigram model of the training tokens
+    evaluation = json.loads((Path(arts["evaluate"].path) / "results.json").read_text())
+    model, unigram = evaluation["metrics"]["overall"], evaluation["baseline"]["overall"]
+    assert model["bytes"] == unigram["bytes"] > 10_000
+    assert model["bits_per_byte"] <= 0.8 * unigram["bits_per_byte"], (model, unigram)
 
     lineage = store.lineage("deploy", planned["deploy"].key)
     assert set(STAGES) <= {n["stage"] for n in lineage}

@@ -173,7 +173,10 @@ def _check_models(cfg: AugmentConfig) -> None:
                 check_model_dir(p, f"augment.operators[{i}].chain[{j}]")
 
 
-@stage("augment", version=VERSION, inputs=("dedup",), config_field="augment", flow="data_refresh")
+@stage("augment", version=VERSION, inputs=("dedup",), config_field="augment", flow="data_refresh",
+       requires=lambda cfg: ("torch", "transformers") if cfg.augment.enabled and any(
+           op.type in ("contextual", "back_translation") for op in cfg.augment.operators) else (),
+       extra="curation")
 def run_augment(ctx: StageContext) -> dict[str, Any]:
     """Augment curated documents (synonyms, masked LM, back-translation, restructuring, templates)."""
     cfg: AugmentConfig = ctx.config

@@ -195,7 +195,9 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
 
 # -- the stage ------------------------------------------------------------------------------------------
 
-@stage("dedup", version=VERSION, inputs=("safety",), config_field="dedup", flow="data_refresh")
+@stage("dedup", version=VERSION, inputs=("safety",), config_field="dedup", flow="data_refresh",
+       requires=lambda cfg: ("datasketch", *(("redis",) if cfg.dedup.backend == "redis" else ())),
+       extra="curation")
 def run_dedup(ctx: StageContext) -> dict[str, Any]:
     """Exact + MinHash LSH near-dedup with a persistent, incremental index."""
     from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex

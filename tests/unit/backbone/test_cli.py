@@ -102,5 +102,5 @@ def test_verbose_run_shows_the_logs_in_the_terminal(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text("sources:\n  - {name: web, path: data}\nrunner: {workers: 1}\n")
     quiet = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "ingest")
     assert quiet.returncode == 0 and quiet.stderr == "" and "INFO" not in quiet.stdout, quiet.stdout
-    loud = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "ingest", "-v")
+    loud = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "ingest", "-v", "ingest.normalization=NFKC")
     assert loud.returncode == 0 and "INFO" in loud.stderr, loud.stderr

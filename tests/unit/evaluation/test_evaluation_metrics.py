@@ -165,4 +165,5 @@ def test_greedy_generation_is_deterministic_and_counts_tokens(lm) -> None:  # no
     a = evaluate_model(model, tok, [EvalSequence([1, 2, 3])], prompts=["The cat"], max_new_tokens=8)
     b = evaluate_model(model, tok, [EvalSequence([1, 2, 3])], prompts=["The cat"], max_new_tokens=8)
     assert a["generations"][0]["completion"] == b["generations"][0]["completion"]
-    assert a["generations"][0]["new_tokens"] == 8 and a["generation_tokens_per_s"] > 0
+    assert a["generations"][0]["new_tokens"] == 8 and a["timings"]["generation_tokens_per_s"] > 0
+    assert a["timings"]["generation_seconds"] > 0 and "seconds" not in a["generations"][0]

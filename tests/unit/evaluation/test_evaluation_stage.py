@@ -37,6 +37,10 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     assert res1["data"]["sequences_used"] == 12 and res1["settings"]["max_sequences"] == 12
     assert res1["metrics"]["tasks"]["cloze"]["n"] == 1
     assert stats1["previous_key"] is None
+    # timings are measurements of this run: manifest stats only, never results.json
+    assert "timings" not in res1["metrics"] and "seconds" not in res1
+    assert "seconds" not in res1["metrics"]["generations"][0]
+    assert stats1["generation_tokens_per_s"] > 0 and stats1["lm_seconds"] >= 0 and stats1["seconds"] > 0
     md1 = next(r for r in ctx1.reports if r.kind == "markdown").payload
     assert "No previous evaluation" in md1 and "| perplexity |" in md1 and "The dog" in md1
     fresh_store.publish("evaluate", "k1", ctx1.out, version="1", config=cfg.key_dict(),

@@ -15,6 +15,7 @@ from llmpipe.serving.repository import (
     find_checkpoint,
     model_config_summary,
     render_config,
+    serving_copy,
     write_model_repository,
 )
 
@@ -98,3 +99,19 @@ def test_run_settings_stay_out_of_the_key() -> None:
     key = DeployConfig().key_dict()
     assert "slo_p99_ms" not in key and "load_clients" not in key and "verify" not in key
     assert key["max_batch_size"] == 32
+
+
+def test_serving_copy_shares_the_files_and_keeps_new_ones_out_of_the_artifact(tmp_path: Path,
+                                                                              tiny_checkpoint: Path) -> None:
+    art = tmp_path / "store" / "deploy" / "k1"
+    repo = art / "model_repository"
+    vdir = write_model_repository(tiny_checkpoint, repo, DeployConfig(model_name="lm"), 1)
+    before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
+    copy = serving_copy(repo)
+    assert copy.parent == art.parent and copy.name.startswith(".tmp-serve-")  # beside the artifact: gc's
+    assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before
+    weights = vdir / "checkpoint" / "model.safetensors"
+    assert (copy / "lm" / "1" / "checkpoint" / "model.safetensors").samefile(weights)  # linked, not copied
+    (copy / "lm" / "1" / "__pycache__").mkdir()  # what the Python backend writes next to model.py
+    (copy / "lm" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"x")
+    assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before

@@ -11,7 +11,7 @@ import pytest
 from llmpipe.serving import server as srv
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.stage import registry_path, run_deploy
-from llmpipe.stage import STAGES, StageContext
+from llmpipe.stage import STAGES, StageContext, stats_rows
 from llmpipe.store import ArtifactStore
 
 
@@ -46,7 +46,12 @@ def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) 
     stats = run_deploy(ctx)
     assert stats["verified"] and stats["requests"] == 16 and stats["p99_ms"] > 0
     assert [s["protocol"] for s in stats["smoke"]] == ["http", "grpc"]
-    latency = json.loads((tmp_path / "out-k1" / "latency.json").read_text())
-    assert latency["slo_ok"] and latency["errors"] == 0
+    assert stats["slo_ok"] and stats["errors"] == 0 and stats["smoke_http_ms"] > 0
+    # measurements live in the stats only, and the server ran on a copy: nothing new in the artifact
+    out = tmp_path / "out-k1"
+    assert not (out / "latency.json").exists() and not list(out.rglob("__pycache__"))
+    assert not list(out.parent.glob(".tmp-serve-*")) and not list((tmp_path / "store").rglob(".tmp-serve-*"))
     table = next(r for r in ctx.reports if r.key == "deploy-latency")
-    assert {row["metric"] for row in table.payload} >= {"p50_ms", "p95_ms", "p99_ms", "throughput_rps"}
+    assert table.kind == "stats" and set(table.payload) >= {"p50_ms", "p95_ms", "p99_ms", "throughput_rps"}
+    rows = {row["metric"]: row["value"] for row in stats_rows(stats, table.payload)}
+    assert rows["p99_ms"] == stats["p99_ms"] and json.loads(rows["batch_histogram"]) == stats["batch_histogram"]

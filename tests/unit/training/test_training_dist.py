@@ -59,7 +59,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train
     stats = run_pretrain(ctx)
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {"out": out, "stats": stats, "losses": [m["loss"] for m in metrics], "progress": progress,
-            "ctx": ctx}
+            "ctx": ctx, "metrics": metrics}
 
 
 def test_stage_artifact(reference: dict[str, Any]) -> None:
@@ -76,8 +76,11 @@ def test_stage_artifact(reference: dict[str, Any]) -> None:
     assert reference["progress"][-1] == (6, 6)
     st = reference["stats"]
     assert st["world_size"] == 2 and st["steps"] == 6 and st["tokens_per_s"] > 0 and st["nonfinite_steps"] == 0
-    kinds = {r.kind for r in reference["ctx"].reports}
-    assert kinds == {"table", "image"}
+    assert st["step_time_s"] > 0 and st["peak_mem_mb"] > 0 and st["threads_per_process"] >= 1
+    # the artifact's metrics are results only (same key, same bytes); speed and memory are stats
+    assert all(set(m) == {"step", "loss", "lr", "grad_norm", "skipped", "tokens"} for m in reference["metrics"])
+    kinds = {r.kind: r for r in reference["ctx"].reports}
+    assert set(kinds) == {"stats", "image"} and "tokens_per_s" in kinds["stats"].payload
 
 
 def _kill_and_resume(root: Path, packed: Path, worker_spec, train: dict[str, Any], nodes: int = 1) -> list[float]:

@@ -1,0 +1,97 @@
+"""The reference point of the evaluation: a unigram model of the training tokens.
+
+A language model's bits per byte mean little alone: 3.4 bpb is good for a byte-level model on
+Chinese and poor for a BPE model on English. The unigram model -- every token drawn independently
+with its frequency in the ``train`` split of the tokenize artifact -- knows the vocabulary and the
+word frequencies but no context, so the ratio ``model bpb / unigram bpb`` says how much of what the
+model learnt is *context*: about 1.0 for a model that learnt nothing beyond word frequencies, lower
+is better.
+
+Counts are the real (unpadded) ids of the train shards, i.e. the mixture the model trained on, with
+add-one smoothing over every id of the vocabulary (a held-out token never seen in training still
+gets a finite cost, as it does under the model's softmax). It is scored through
+:func:`llmpipe.evaluation.metrics.tally_sequences`, the code path of the model's numbers, so both
+cover exactly the same targets and the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmpipe.evaluation.metrics import EvalSequence, Scorer, tally_sequences
+
+SMOOTHING = 1.0  # add-one (Laplace)
+
+
+def train_token_counts(tokenize_dir: str | Path, split: str = "train") -> np.ndarray:
+    """How often each id occurs among the real tokens of ``split`` (indexed by id, ``vocab_size`` long)."""
+    tokenize_dir = Path(tokenize_dir)
+    index_path = tokenize_dir / "index.json"
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{index_path}: not a tokenize artifact (no index.json)")
+    index = json.loads(index_path.read_text())
+    if split not in index["splits"]:
+        raise ValueError(f"{index_path}: no split {split!r} for the unigram baseline "
+                         f"(has {sorted(index['splits'])})")
+    vocab = int(index["vocab_size"])
+    counts = np.zeros(vocab, dtype=np.int64)
+    for shard in index["splits"][split]["shards"]:
+        ids = np.memmap(tokenize_dir / shard["file"], dtype=np.dtype(index["dtype"]), mode="r")
+        counts += np.bincount(np.asarray(ids[: int(shard["tokens"])]), minlength=vocab)[:vocab]
+    return counts
+
+
+def unigram_log_probs(counts: np.ndarray, smoothing: float = SMOOTHING, vocab: int | None = None) -> np.ndarray:
+    """Natural-log probabilities ``log((c_i + k) / (N + k V))`` over ``vocab`` ids (default: ``len(counts)``)."""
+    vocab = len(counts) if vocab is None else vocab
+    if vocab < len(counts):
+        raise ValueError(f"unigram baseline: vocab {vocab} is smaller than the {len(counts)} counted ids")
+    c = np.zeros(vocab, dtype=np.float64)
+    c[: len(counts)] = counts
+    return np.log(c + smoothing) - np.log(c.sum() + smoothing * vocab)
+
+
+def unigram_scorer(log_probs: np.ndarray, pad_id: int | None, byte_len: np.ndarray) -> Scorer:
+    """A scorer for :func:`tally_sequences`: per-target columns of one batch under the unigram model."""
+    best = int(np.argmax(log_probs))
+
+    def score(batch: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+        out = []
+        for s in batch:
+            ids = np.asarray(s, dtype=np.int64)
+            valid = np.ones(len(ids), dtype=bool) if pad_id is None else ids != pad_id
+            target = ids[1:]
+            out.append({"nll": -log_probs[target], "correct": target == best, "bytes": byte_len[target],
+                        "scored": valid[1:] & valid[:-1]})
+        return out
+
+    return score
+
+
+def unigram_metrics(sequences: Sequence[EvalSequence], counts: np.ndarray, pad_id: int | None,
+                    byte_len: np.ndarray, language_names: Sequence[str] = (),
+                    smoothing: float = SMOOTHING) -> dict[str, Any]:
+    """Overall and per-language metrics of the add-``smoothing`` unigram model on ``sequences``.
+
+    ``byte_len`` spans the model's vocabulary (ids the tokenizer never produces spell 0 bytes), and
+    so does the unigram distribution, like the model's softmax.
+    """
+    log_probs = unigram_log_probs(counts, smoothing, vocab=max(len(counts), len(byte_len)))
+    res = tally_sequences(sequences, unigram_scorer(log_probs, pad_id, byte_len), batch_size=64,
+                          language_names=language_names)
+    res["train_tokens"] = int(counts.sum())
+    res["smoothing"] = f"add-{smoothing:g}"
+    res["vocab_size"] = len(log_probs)
+    return res
+
+
+def bpb_ratio(model_bpb: float, unigram_bpb: float) -> float | None:
+    """Model bits per byte over the unigram's (lower is better; ~1.0: nothing learnt beyond frequencies)."""
+    if not unigram_bpb or unigram_bpb != unigram_bpb or model_bpb != model_bpb:
+        return None
+    return model_bpb / unigram_bpb
