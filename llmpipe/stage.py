@@ -203,7 +203,9 @@ class Report:
     """Something for the UI: a table (list of row dicts), markdown text, an image file in the artifact,
     or the names of stats to show as a table (their values are in the manifest, not the artifact)."""
 
-    kind: str  # "table" | "markdown" | "image" | "stats" (a table of manifest stats, see report_stats)
+    # "table" | "markdown" | "image" | "stats" (a table of manifest stats, see report_stats) |
+    # "stats-table" | "stats-markdown" (content in one stats field, see report_from_stats)
+    kind: str
     key: str  # a slug: lowercase letters, digits and dashes
     title: str
     payload: Any
@@ -262,6 +264,17 @@ class StageContext:
         stats when the report is shown (:func:`stats_rows`).
         """
         self.reports.append(Report("stats", key, title, list(fields)))
+
+    def report_from_stats(self, kind: str, key: str, title: str, field: str) -> None:
+        """A table (``kind="table"``) or markdown report whose content is the stats field ``field``.
+
+        For what depends on more than this stage's key, such as a comparison with the store's
+        previous artifact of the stage: two stores that ran the same key hold the same files, so
+        that content lives in the manifest's stats and ``reports.json`` only names the field.
+        """
+        if kind not in ("table", "markdown"):
+            raise ValueError(f"report_from_stats: kind must be 'table' or 'markdown', got {kind!r}")
+        self.reports.append(Report(f"stats-{kind}", key, title, field))
 
     # -- per-shard cache: a refresh that adds files only processes the new shards ---------------
     def shard_dir(self, shard_key: str) -> Path:

@@ -137,6 +137,10 @@ def publish_reports(art: Artifact, stage: str) -> None:
             create_table_artifact(table=stats_rows(art.stats, rep["payload"]), key=key, description=description)
         elif rep["kind"] == "markdown":
             create_markdown_artifact(markdown=rep["payload"], key=key, description=description)
+        elif rep["kind"] == "stats-table" and art.stats.get(rep["payload"]):
+            create_table_artifact(table=art.stats[rep["payload"]], key=key, description=description)
+        elif rep["kind"] == "stats-markdown" and art.stats.get(rep["payload"]):
+            create_markdown_artifact(markdown=art.stats[rep["payload"]], key=key, description=description)
         elif rep["kind"] == "image":
             img = Path(art.path) / rep["payload"]
             if img.is_file() and img.stat().st_size < 2_000_000:

@@ -3,16 +3,18 @@
 * Python's own documentation: ``pydoc_data.topics`` ships with CPython (≈80 topics, ≈460 kB of
   English technical prose), cut into paragraph-aligned documents.
 * The prose of the standard library's docstrings (:data:`STDLIB_MODULES`, a fixed list of pure-Python
-  modules, ≈500 kB): enough English for the tiny model to learn more than word frequencies in a
-  CPU-minute (the curation filters keep only a third of the topics' bytes, most of them code).
+  modules, ≈480 kB): enough English for the tiny model to learn more than word frequencies in a
+  CPU-minute. The topics alone are too little: they are code-heavy, and the quality filters keep
+  only about a third of their bytes.
 * A small multilingual sample the project wrote itself (:mod:`llmpipe.data.multilingual`).
 * Planted work for the later stages: exact and near-duplicates of known edits, boilerplate and junk
   that the quality filters must reject, personal data that the safety stage must redact.
 
 It is generated deterministically, so its content key never changes between runs or machines with
-the same CPython release (a bugfix release may edit a docstring or a topic): the docstrings are read from the standard library's source files with
-:mod:`ast` (nothing is imported, so no module's side effects and no installed third-party package can
-change them), in the fixed module order and in source order within a module.
+the same CPython release (a bugfix release may edit a docstring or a topic): the docstrings are read
+from the standard library's source files with :mod:`ast` (nothing is imported, so no module's side
+effects and no installed third-party package can change them), in the fixed module order and in
+source order within a module.
 """
 
 from __future__ import annotations
@@ -40,15 +42,7 @@ def pydoc_documents() -> list[dict[str, str]]:
     for name in sorted(topics.topics):
         text = topics.topics[name].strip()
         paras = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-        chunk: list[str] = []
-        part = 0
-        for p in paras:
-            chunk.append(p)
-            if sum(len(c) for c in chunk) >= CHUNK_CHARS:
-                docs.append({"id": f"pydoc-{name}-{part}", "text": "\n\n".join(chunk), "topic": name})
-                chunk, part = [], part + 1
-        if chunk:
-            docs.append({"id": f"pydoc-{name}-{part}", "text": "\n\n".join(chunk), "topic": name})
+        docs += _chunks(f"pydoc-{name}", paras, {"topic": name})
     return docs
 
 

@@ -23,7 +23,7 @@ from llmpipe.stage import StageContext, stage
 if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when it registers
     import torch
 
-VERSION = "3"  # 3: results.json gains "baseline" (the unigram model on the same bytes)
+VERSION = "4"  # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats
 RESULTS = "results.json"
 
 
@@ -123,17 +123,20 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
     prev, prev_key, prev_mf = previous_results(ctx)
     same_data = prev is not None and prev.get("inputs", {}).get("tokenize") == ctx.input_keys.get("tokenize")
     base, prev_base = res["baseline"], prev and prev.get("baseline")  # an older results.json may have none
-    ctx.report_markdown("evaluation", "Evaluation vs unigram baseline and previous model",
-                        regression_markdown(res["metrics"], prev and prev["metrics"], prev_key, same_data, base,
-                                            prev_base))
-    ctx.report_table("evaluation-metrics", "Evaluation metrics",
-                     metric_rows(res["metrics"], prev and prev["metrics"], base, prev_base))
+    # the previous model is whatever this store evaluated last: that comparison is no part of this
+    # key's content, so it lives in the stats and the artifact's own table holds this model's numbers
+    ctx.report_from_stats("markdown", "evaluation", "Evaluation vs unigram baseline and previous model",
+                          "report_vs_previous")
+    ctx.report_table("evaluation-metrics", "Evaluation metrics (this model and the unigram baseline)",
+                     metric_rows(res["metrics"], None, base, None))
     o = res["metrics"]["overall"]
     ctx.log.info("evaluate: ppl %.4g, bpb %.4g (unigram %.4g, ratio %.3f), acc %.4g on %d tokens (%s)",
                  o["perplexity"], o["bits_per_byte"], base["overall"]["bits_per_byte"],
                  base["bits_per_byte_ratio"] or float("nan"), o["accuracy"], o["tokens"], device)
     ctx.report_stats("evaluation-speed", "Evaluation speed", list(timings))
     stats = summary(res["metrics"])
+    stats["report_vs_previous"] = regression_markdown(res["metrics"], prev and prev["metrics"], prev_key,
+                                                      same_data, base, prev_base)
     stats.update({"previous_key": prev_key, "device": str(device),
                   "unigram_bits_per_byte": _finite(base["overall"]["bits_per_byte"]),
                   "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"])})

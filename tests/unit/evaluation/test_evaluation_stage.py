@@ -41,7 +41,8 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     assert "timings" not in res1["metrics"] and "seconds" not in res1
     assert "seconds" not in res1["metrics"]["generations"][0]
     assert stats1["generation_tokens_per_s"] > 0 and stats1["lm_seconds"] >= 0 and stats1["seconds"] > 0
-    md1 = next(r for r in ctx1.reports if r.kind == "markdown").payload
+    md_report = next(r for r in ctx1.reports if r.kind == "stats-markdown")  # the store's history: stats only
+    md1 = stats1[md_report.payload]
     assert "No previous evaluation" in md1 and "| perplexity |" in md1 and "The dog" in md1
     fresh_store.publish("evaluate", "k1", ctx1.out, version="1", config=cfg.key_dict(),
                         inputs=ctx1.input_keys, stats=stats1, started=time.time())
@@ -53,10 +54,13 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     stats2 = run_evaluate(ctx2)
     assert stats2["previous_key"] == "k1"
     assert stats2["perplexity_change"] == pytest.approx(0.0, abs=1e-6)
-    md2 = next(r for r in ctx2.reports if r.kind == "markdown").payload
+    md2 = stats2[next(r for r in ctx2.reports if r.kind == "stats-markdown").payload]
     assert "Previous evaluation: `k1`" in md2 and "different held-out data" not in md2
-    row = next(r for r in next(r for r in ctx2.reports if r.kind == "table").payload if r["metric"] == "perplexity")
-    assert row["previous"] == pytest.approx(stats1["perplexity"])
+    assert f"{stats1['perplexity']:.4g}" in md2 or f"{stats1['perplexity']:.2f}" in md2
+    # the artifact's own files hold this model's numbers only: the same for the same key in any store
+    assert [r.payload for r in ctx1.reports if r.kind == "table"] == [r.payload for r in ctx2.reports
+                                                                       if r.kind == "table"]
+    assert res1["metrics"] == json.loads((ctx2.out / RESULTS).read_text())["metrics"]
 
 
 def test_missing_task_file_is_a_clear_error(toy_lm, fresh_store, tmp_path: Path) -> None:  # noqa: ANN001

@@ -114,7 +114,9 @@ def test_gate_with_threshold_zero_fails_on_the_real_numbers(awq_run) -> None:  #
 @pytest.mark.slow
 def test_stage_with_threshold_zero_raises_before_publishing(evaluated) -> None:  # noqa: ANN001
     root, store, inputs = evaluated
-    cfg = QuantizeConfig(calibration={"samples": 16}, gate={"max_ppl_increase": 0.0})
+    # on this toy model AWQ moves perplexity by a few hundredths of a percent either way; with two
+    # calibration samples it rises (+0.03%), so a zero allowance must stop the stage
+    cfg = QuantizeConfig(calibration={"samples": 2}, gate={"max_ppl_increase": 0.0})
     ctx = ctx_for("quantize", cfg, inputs, root / "awq-strict", store)
     with pytest.raises(QualityGateError, match=r"perplexity rose \+.*fp \d\.\d{4} -> quantized \d\.\d{4}"):
         run_quantize(ctx)
