@@ -23,7 +23,7 @@ if [ $FOR_TESTS = 0 ]; then
   # numpy<2 while llmcompressor needs numpy>=2, so it goes in without its deps (we only run its bundled
   # tritonserver binary, never import pytriton); see llmpipe/serving/server.py.
   "$PY" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" 2>/dev/null \
-    || "$PY" -m pip install --quiet --no-deps "nvidia-pytriton==0.7.0"
+    || "$PY" -m pip install -qq --no-deps "nvidia-pytriton==0.7.0"
   # Byte-compile the project's own modules, as pip does for every installed wheel: an editable install
   # leaves them as source, and with PYTHONDONTWRITEBYTECODE set (containers, CI) every `llmpipe` command
   # would compile its modules again before it starts.

@@ -134,7 +134,9 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
                  o["perplexity"], o["bits_per_byte"], base["overall"]["bits_per_byte"],
                  base["bits_per_byte_ratio"] or float("nan"), o["accuracy"], o["tokens"], device)
     ctx.report_stats("evaluation-speed", "Evaluation speed", list(timings))
-    stats = summary(res["metrics"])
+    # first the figures a stage table shows (it takes the first few): the model's bpb beside the unigram's
+    stats = {"bits_per_byte": o["bits_per_byte"], "unigram_bits_per_byte": _finite(base["overall"]["bits_per_byte"]),
+             "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"]), **summary(res["metrics"])}
     stats["report_vs_previous"] = regression_markdown(res["metrics"], prev and prev["metrics"], prev_key,
                                                       same_data, base, prev_base)
     stats.update({"previous_key": prev_key, "device": str(device),
