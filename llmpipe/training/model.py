@@ -63,7 +63,7 @@ def choose_attention(requested: str, device: torch.device) -> str:
 
 def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Any:
     """A seeded fresh model or one continued from ``cfg.model.init_from``; attention chosen for the device."""
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     attn = choose_attention(cfg.model.attention, device)
     if cfg.model.init_from:
@@ -74,9 +74,8 @@ def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dt
                              f"than the tokenizer's {vocab_size}")
     else:
         conf = llama_config(cfg.model.preset, vocab_size, cfg.model.overrides)
-        conf._attn_implementation = attn
         torch.manual_seed(cfg.seed)
-        model = LlamaForCausalLM(conf).to(dtype)
+        model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn).to(dtype)
     model.config.use_cache = False
     model.train()  # from_pretrained returns eval mode, where HF layers skip gradient checkpointing
     if cfg.gradient_checkpointing:

@@ -314,15 +314,13 @@ class Trainer:
 
     def export(self) -> None:
         """Rank 0 writes ``save_pretrained`` (safetensors) of the full weights into ``export_dir``."""
-        from transformers import LlamaForCausalLM
+        from transformers import AutoModelForCausalLM
 
         sd = self.engine.full_state_dict()
         if self.rank == 0:
             out = Path(self.spec["export_dir"])
             out.mkdir(parents=True, exist_ok=True)
-            conf = self.model_config
-            conf._attn_implementation = "sdpa"
-            model = LlamaForCausalLM(conf)
+            model = AutoModelForCausalLM.from_config(self.model_config, attn_implementation="sdpa")
             missing, unexpected = model.load_state_dict(sd, strict=False)
             if missing or unexpected:
                 raise RuntimeError(f"export: state dict mismatch (missing {missing[:5]}, unexpected {unexpected[:5]})")
