@@ -88,10 +88,9 @@ def check_sources(cfg: Any) -> None:
     if not cfg.sources:
         raise SourceError("sources: a pipeline needs at least one source, got [] "
                           "(e.g. sources: [{name: web, path: data/}])")
-    from llmpipe.runner import state_dir
-
+    state = Path(cfg.state_dir) if Path(cfg.state_dir).is_absolute() else Path.cwd() / cfg.state_dir
     for src in cfg.sources:
-        source_files(src, cfg.base_dir(), state_dir(cfg))
+        source_files(src, cfg.base_dir(), state)
 
 
 class HashCache:
