@@ -84,13 +84,11 @@ class Trainer:
             backend = "nccl" if want_cuda else "gloo"
             if self.cfg.strategy == "deepspeed":
                 import deepspeed
-                import deepspeed.comm.torch  # noqa: F401 - ``deepspeed.comm.torch`` resolves to torch itself
 
-                ds_torch = sys.modules["deepspeed.comm.torch"]
-                if not want_cuda:
-                    # the shm all-reduce op serves inference only and JIT-compiles for ~2.5 min on
-                    # 2 cores on first use; training all-reduces go through torch.distributed
-                    ds_torch.build_shm_op = lambda: None
+                if not want_cuda:  # see the adapter: the CPU shm op would JIT-compile for minutes
+                    from llmpipe.training.deepspeed_adapter import skip_shm_comm_build
+
+                    skip_shm_comm_build()
                 deepspeed.init_distributed(dist_backend=backend)
             else:
                 dist.init_process_group(backend=backend)
