@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from llmpipe.evaluation.metrics import EvalSequence, Scorer, tally_sequences
+from llmpipe.tokenization.pack import TOKENIZE
 
 SMOOTHING = 1.0  # add-one (Laplace)
 
@@ -31,7 +32,7 @@ SMOOTHING = 1.0  # add-one (Laplace)
 def train_token_counts(tokenize_dir: str | Path, split: str = "train") -> np.ndarray:
     """How often each id occurs among the real tokens of ``split`` (indexed by id, ``vocab_size`` long)."""
     tokenize_dir = Path(tokenize_dir)
-    index_path = tokenize_dir / "index.json"
+    index_path = tokenize_dir / TOKENIZE.index
     if not index_path.is_file():
         raise FileNotFoundError(f"{index_path}: not a tokenize artifact (no index.json)")
     index = json.loads(index_path.read_text())

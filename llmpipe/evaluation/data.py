@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from llmpipe.evaluation.metrics import EvalSequence
+from llmpipe.tokenization.pack import TOKENIZE
 
 
 def evenly_spaced(n: int, k: int | None) -> list[int]:
@@ -30,7 +31,7 @@ def load_sequences(tokenize_dir: str | Path, split: str = "val", max_sequences: 
     """(sequences, language names, split metadata) of one split of a tokenize artifact."""
     from llmpipe.training.data import open_packed
 
-    if (Path(tokenize_dir) / "index.json").is_file():  # the tokenize stage's layout: whole sequences
+    if (Path(tokenize_dir) / TOKENIZE.index).is_file():  # the tokenize stage's layout: whole sequences
         from llmpipe.tokenization.dataset import PackedDataset
 
         ds: Any = PackedDataset(tokenize_dir, split, pairs=False)

@@ -12,18 +12,27 @@ import torch
 log = logging.getLogger("llmpipe.evaluation")
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")
+HF_CONFIG = "config.json"  # save_pretrained's model config: marks a checkpoint folder
 
 
 def find_checkpoint(artifact_dir: str | Path) -> Path:
-    """The ``save_pretrained`` directory inside an artifact: its root, or a child holding config.json."""
+    """The ``save_pretrained`` directory of a model artifact, where its producer's layout declares it.
+
+    The one lookup evaluate, quantize and deploy share: a pretrain artifact holds its checkpoint at
+    ``PRETRAIN.checkpoint`` (the root), a quantize artifact at ``QUANTIZE.checkpoint``. No guessing
+    of other folder names: a stage that moves its checkpoint changes its layout, and every consumer
+    follows.
+    """
+    from llmpipe.quantization.stage import QUANTIZE  # stage modules: imported here, so no import cycle
+    from llmpipe.training.stage import PRETRAIN
+
     root = Path(artifact_dir)
-    for cand in (root, *(root / n for n in ("model", "hf", "checkpoint", "final", "export"))):
-        if (cand / "config.json").is_file():
-            return cand
-    found = sorted(p.parent for p in root.rglob("config.json") if any(p.parent.glob("*.safetensors")))
-    if not found:
-        raise FileNotFoundError(f"{root}: no model checkpoint (a directory with config.json and *.safetensors)")
-    return found[0]
+    places = {"pretrain": PRETRAIN.checkpoint, "quantize": QUANTIZE.checkpoint}
+    for sub in places.values():
+        if (root / sub / HF_CONFIG).is_file():
+            return root / sub
+    where = ", ".join(f"{name}: {sub}/{HF_CONFIG}" for name, sub in places.items())
+    raise FileNotFoundError(f"{root}: no HF checkpoint where a model stage puts it ({where})")
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -37,13 +46,15 @@ def resolve_device(requested: str) -> torch.device:
 def load_tokenizer(ckpt: Path) -> Any:
     from transformers import AutoTokenizer
 
-    if not (ckpt / "tokenizer.json").is_file() and not (ckpt / "tokenizer_config.json").is_file():
-        raise FileNotFoundError(f"{ckpt}: the checkpoint holds no tokenizer (tokenizer.json)")
+    from llmpipe.tokenization.tokenizer import TOKENIZER
+
+    if not (ckpt / TOKENIZER.tokenizer).is_file() and not (ckpt / TOKENIZER.config).is_file():
+        raise FileNotFoundError(f"{ckpt}: the checkpoint holds no tokenizer ({TOKENIZER.tokenizer})")
     return AutoTokenizer.from_pretrained(str(ckpt))
 
 
 def is_compressed_tensors(ckpt: Path) -> bool:
-    conf = json.loads((Path(ckpt) / "config.json").read_text())
+    conf = json.loads((Path(ckpt) / HF_CONFIG).read_text())
     return (conf.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,17 @@ if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when
     import torch
 
 VERSION = "4"  # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats
-RESULTS = "results.json"
+
+
+@dataclass(frozen=True)
+class EvaluateLayout:
+    """The files of an evaluate artifact that other stages read (the quantize gate reads ``results``)."""
+
+    results: str = "results.json"  # metrics, data, settings, model size, unigram baseline
+
+
+EVALUATE = EvaluateLayout()
+RESULTS = EVALUATE.results
 
 
 def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch.device,

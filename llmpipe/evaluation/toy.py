@@ -66,7 +66,7 @@ def build(root: str | Path, *, hidden: int = 64, intermediate: int = 176, layers
     """Curated shards -> tokenizer stage -> tokenize stage -> a tiny Llama trained ``steps`` AdamW steps."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from llmpipe.document import Document, write_shard
+    from llmpipe.document import SHARDS, Document, write_shard
     from llmpipe.store import ArtifactStore
     from llmpipe.tokenization.config import TokenizeConfig, TokenizerConfig
     from llmpipe.tokenization.dataset import PackedDataset
@@ -78,7 +78,7 @@ def build(root: str | Path, *, hidden: int = 64, intermediate: int = 176, layers
     docs = [Document(f"d{i}", text, "toy", {"lang": lang}) for i, (lang, text) in enumerate(corpus(n_docs, seed))]
     aug, tok_dir, tz, pre = root / "augment", root / "tokenizer", root / "tokenize", root / "pretrain"
     for k in range(2):
-        write_shard(aug / "shards" / f"part-{k:03d}.parquet", docs[k::2])
+        write_shard(aug / SHARDS / f"part-{k:03d}.parquet", docs[k::2])
     run_tokenizer(_context("tokenizer", TokenizerConfig(vocab_size=vocab_size), {"augment": aug}, tok_dir, store))
     run_tokenize(_context("tokenize", TokenizeConfig(seq_len=seq_len, val_fraction=0.1, sequences_per_shard=64),
                           {"augment": aug, "tokenizer": tok_dir}, tz, store))

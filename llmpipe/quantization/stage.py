@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
-from llmpipe.evaluation.stage import RESULTS, run_suite
+from llmpipe.evaluation.stage import EVALUATE, run_suite
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
 from llmpipe.stage import StageContext, link_file, stage
@@ -34,6 +35,18 @@ if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, n
 
 VERSION = "2"
 TIMING_INFO = ("quantize_seconds",)  # keys of the quantizers' info that are timings, not results
+
+
+@dataclass(frozen=True)
+class QuantizeLayout:
+    """The files of a quantize artifact that other stages read (deploy serves ``checkpoint``)."""
+
+    checkpoint: str = "model"  # the checkpoint to deploy (compressed-tensors for AWQ; fp + marker for int8)
+    calibration: str = "calibration.npy"  # the calibration sample (int64 [n, len], padding = -1)
+    results: str = "results.json"  # the gate verdict, fp vs quantized metrics, bytes on disk
+
+
+QUANTIZE = QuantizeLayout()
 
 
 def calibration_sample(tokenize_dir: Path, cfg: QuantizeConfig) -> np.ndarray:
@@ -60,7 +73,7 @@ def array_sha256(a: np.ndarray) -> str:
 
 def baseline(evaluate_dir: Path) -> tuple[dict[str, Any], EvaluateConfig]:
     """The evaluate artifact's results and the settings they were computed with."""
-    path = Path(evaluate_dir) / RESULTS
+    path = Path(evaluate_dir) / EVALUATE.results
     if not path.is_file():
         raise FileNotFoundError(f"quantize: {path} missing; the gate needs the evaluate stage's results")
     res = json.loads(path.read_text())
@@ -83,11 +96,11 @@ def quantize_awq(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Eva
     from llmpipe.quantization.awq import awq_quantize, calibration_dataset, distinct_values_per_group
 
     calib = calibration_sample(ctx.inputs["tokenize"], cfg)
-    np.save(ctx.out / "calibration.npy", calib)
+    np.save(ctx.out / QUANTIZE.calibration, calib)
     rows = [r[r >= 0] for r in calib]
-    info = awq_quantize(fp_dir, ctx.out / "model", cfg, calibration_dataset(rows, pad_id))
+    info = awq_quantize(fp_dir, ctx.out / QUANTIZE.checkpoint, cfg, calibration_dataset(rows, pad_id))
     info["calibration_sha256"] = array_sha256(calib)
-    qdir = ctx.out / "model"
+    qdir = ctx.out / QUANTIZE.checkpoint
     model = load_model(qdir, device)  # plain transformers: proves the checkpoint reloads
     if cfg.gate.verify_bits:
         distinct = distinct_values_per_group(model, info["group_size"], cfg.ignore)
@@ -109,7 +122,7 @@ def quantize_int8(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Ev
     from llmpipe.evaluation.model_io import load_model, load_tokenizer
     from llmpipe.quantization.int8 import quantize_int8_dynamic, serialized_bytes, write_marker
 
-    qdir = ctx.out / "model"
+    qdir = ctx.out / QUANTIZE.checkpoint
     for f in fp_dir.iterdir():
         if f.is_file():
             link_file(f, qdir / f.name)
@@ -150,7 +163,7 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     tok = load_tokenizer(fp_dir)
     if cfg.scheme == "awq_w4":
         q_res, info = quantize_awq(ctx, cfg, fp_dir, ecfg, device, tok.pad_token_id)
-        q_bytes, q_device = checkpoint_bytes(ctx.out / "model"), device
+        q_bytes, q_device = checkpoint_bytes(ctx.out / QUANTIZE.checkpoint), device
     else:
         q_res, info = quantize_int8(ctx, cfg, fp_dir, ecfg)
         q_bytes, q_device = info["int8_bytes"], torch.device("cpu")
@@ -176,7 +189,7 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     results["gate"] = verdict
     ctx.report_table("quantize-gate", "Quality gate", [
         {k: c[k] for k in ("check", "fp", "quantized", "change", "limit", "passed")} for c in verdict["checks"]])
-    (ctx.out / RESULTS).write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
+    (ctx.out / QUANTIZE.results).write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
     stats = {"scheme": cfg.scheme, "gate_passed": verdict["passed"],
              "fp_perplexity": comparison[0]["perplexity"], "quantized_perplexity": comparison[1]["perplexity"],
              "ppl_increase": verdict["checks"][0]["change"], "fp_bytes": comparison[0]["bytes_on_disk"],

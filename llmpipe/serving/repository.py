@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.stage import DEPLOY
 from llmpipe.serving.triton_model import CHECKPOINT_DIR, SETTINGS_FILE
 from llmpipe.stage import link_file
 
 TEMPLATE = Path(__file__).with_name("triton_model.py")
-REPO_DIR = "model_repository"
+REPO_DIR = DEPLOY.repository
 # Tensor contract of the Python-backend model (also used by the client and the tests).
 INPUTS = (
     ("prompt", "TYPE_UINT8", "[ -1 ]", True),  # UTF-8 bytes (see triton_model.py for why not BYTES)
@@ -36,19 +37,6 @@ INPUTS = (
     ("temperature", "TYPE_FP32", "[ 1 ]", True),
 )
 OUTPUTS = (("text", "TYPE_UINT8", "[ -1 ]"), ("output_ids", "TYPE_INT64", "[ -1 ]"))
-
-
-def find_checkpoint(artifact_dir: Path) -> Path:
-    """The HF checkpoint inside an upstream artifact: its root or a child holding config.json."""
-    artifact_dir = Path(artifact_dir)
-    for cand in (artifact_dir, *(artifact_dir / n for n in ("model", "checkpoint", "quantized", "hf"))):
-        if (cand / "config.json").is_file():
-            return cand
-    found = sorted(p.parent for p in artifact_dir.rglob("config.json") if (p.parent / "tokenizer_config.json")
-                   .is_file() or any(p.parent.glob("*.safetensors")))
-    if not found:
-        raise FileNotFoundError(f"{artifact_dir}: no HF checkpoint (a directory with config.json and weights)")
-    return found[0]
 
 
 def render_config(cfg: DeployConfig) -> str:

@@ -14,6 +14,7 @@ the server runs on a copy of the repository (see ``server.serve``), so it writes
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,18 @@ from llmpipe.stage import StageContext, stage
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
+@dataclass(frozen=True)
+class DeployLayout:
+    """The files of a deploy artifact that the server, the production manifests and the tests read."""
+
+    repository: str = "model_repository"  # the Triton model repository (see llmpipe/serving/repository.py)
+    info: str = "deploy.json"  # model, version, backend, ports
+    env: str = "triton.env"  # MODEL_NAME / MODEL_VERSION for docker compose
+
+
+DEPLOY = DeployLayout()
+
+
 def registry_path(store: Any) -> Path:
     """``<store>/_deploy/versions.json`` (a ``_`` directory: the store does not list it as a stage)."""
     return Path(getattr(store, "local", None) or store.root) / "_deploy" / "versions.json"
@@ -36,17 +49,18 @@ def registry_path(store: Any) -> Path:
        requires=("torch", "transformers", "tritonclient"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
-    from llmpipe.serving.repository import REPO_DIR, assign_version, find_checkpoint, write_model_repository
+    from llmpipe.evaluation.model_io import find_checkpoint
+    from llmpipe.serving.repository import assign_version, write_model_repository
 
     cfg: DeployConfig = ctx.config or DeployConfig()
     ckpt = find_checkpoint(ctx.inputs["quantize"])
     version = assign_version(registry_path(ctx.store), cfg.model_name, ctx.key)
-    write_model_repository(ckpt, ctx.out / REPO_DIR, cfg, version)
+    write_model_repository(ckpt, ctx.out / DEPLOY.repository, cfg, version)
     info = {"model": cfg.model_name, "version": version, "backend": cfg.backend, "target": cfg.target,
             "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,
-            "repository": REPO_DIR}
-    (ctx.out / "deploy.json").write_text(json.dumps(info, indent=2) + "\n")
-    (ctx.out / "triton.env").write_text(f"MODEL_NAME={cfg.model_name}\nMODEL_VERSION={version}\n")
+            "repository": DEPLOY.repository}
+    (ctx.out / DEPLOY.info).write_text(json.dumps(info, indent=2) + "\n")
+    (ctx.out / DEPLOY.env).write_text(f"MODEL_NAME={cfg.model_name}\nMODEL_VERSION={version}\n")
     ctx.log.info("deploy: %s v%d (%s, %s) from %s", cfg.model_name, version, cfg.backend, cfg.target, ckpt)
     stats: dict[str, Any] = {"model": cfg.model_name, "version": version, "backend": cfg.backend}
     reason = _skip_reason(cfg)
@@ -72,10 +86,8 @@ def _skip_reason(cfg: DeployConfig) -> str | None:
 def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
     """Start the generated repository on a local server: smoke test (HTTP, gRPC), then the load test."""
     from llmpipe.serving import loadtest, server
-    from llmpipe.serving.repository import REPO_DIR
-
     ctx.progress("start tritonserver", 0, 3)
-    with server.serve(ctx.out / REPO_DIR, startup_timeout_s=cfg.startup_timeout_s) as srv:
+    with server.serve(ctx.out / DEPLOY.repository, startup_timeout_s=cfg.startup_timeout_s) as srv:
         smoke = [loadtest.smoke_test(srv.http_url, cfg.model_name, "http"),
                  loadtest.smoke_test(srv.grpc_url, cfg.model_name, "grpc")]
         ctx.progress("load test", 1, 3)

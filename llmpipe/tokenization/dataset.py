@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from llmpipe.tokenization.pack import TOKENIZE
+
 IGNORE_INDEX = -100
 
 
@@ -26,7 +28,7 @@ class PackedDataset(Dataset):
 
     def __init__(self, artifact_dir: str | Path, split: str = "train", pairs: bool = False) -> None:
         self.dir = Path(artifact_dir)
-        index_path = self.dir / "index.json"
+        index_path = self.dir / TOKENIZE.index
         if not index_path.is_file():
             raise FileNotFoundError(f"{index_path}: not a tokenize artifact (no index.json)")
         self.index: dict[str, Any] = json.loads(index_path.read_text())

@@ -52,6 +52,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,8 +62,7 @@ from llmpipe.document import shard_paths
 from llmpipe.stage import LocalRunner, StageContext, gc_paused, lazy_import, stage
 from llmpipe.store import hash_json
 from llmpipe.tokenization.config import TokenizeConfig
-from llmpipe.tokenization.tokenizer import META as TOKENIZER_META
-from llmpipe.tokenization.tokenizer import load_for_encoding
+from llmpipe.tokenization.tokenizer import TOKENIZER, load_for_encoding
 
 np = lazy_import("numpy")  # loaded when the stage runs, not when it registers
 pa = lazy_import("pyarrow")
@@ -70,6 +70,17 @@ pq = lazy_import("pyarrow.parquet")
 
 VERSION = "1"
 FORMAT = "llmpipe-packed/1"
+
+
+@dataclass(frozen=True)
+class TokenizeLayout:
+    """The files of a tokenize artifact that other stages read (the shard files are named in the index)."""
+
+    index: str = "index.json"  # format, seq_len, dtype, ids, languages, and per split its shard files
+    val_meta: str = "val_meta.json"  # docs, bytes, tokens of the val split per language
+
+
+TOKENIZE = TokenizeLayout()
 TRAIN, VAL, DROPPED = 0, 1, 2
 PAD_LANG = 255
 # segment table columns (int64): token offset, token count, lang index, source index, split, bytes,
@@ -154,12 +165,12 @@ def _tokenizer(tok_dir: str) -> tuple[Any, re.Pattern[str] | None, dict[str, Any
 def _load_plain(tok_dir: str) -> tuple[Any, re.Pattern[str] | None, dict[str, Any]]:
     from tokenizers import Tokenizer
 
-    plain = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
+    plain = Tokenizer.from_file(str(Path(tok_dir) / TOKENIZER.tokenizer))
     plain.no_truncation()
     plain.no_padding()
     specials = [t.content for t in plain.get_added_tokens_decoder().values() if t.special]
     pattern = re.compile("|".join(re.escape(x) for x in specials)) if specials else None
-    return plain, pattern, json.loads((Path(tok_dir) / TOKENIZER_META).read_text())
+    return plain, pattern, json.loads((Path(tok_dir) / TOKENIZER.meta).read_text())
 
 
 def _escaping(tok_dir: str) -> Any:
@@ -694,7 +705,7 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     """Encode documents, split train/val by document hash, mix, and pack fixed-length token shards."""
     cfg: TokenizeConfig = ctx.config
     src, tok_dir = ctx.inputs["augment"], ctx.inputs["tokenizer"]
-    meta = json.loads((Path(tok_dir) / "llmpipe_tokenizer.json").read_text())
+    meta = json.loads((Path(tok_dir) / TOKENIZER.meta).read_text())
     enc_cfg = {k: v for k, v in cfg.key_dict().items()
                if k in ("val_fraction", "split_salt", "min_tokens", "max_tokens", "long_docs", "add_bos")}
     tok_key = ctx.input_keys.get("tokenizer", "")
@@ -710,9 +721,9 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     index = {"format": FORMAT, "seq_len": cfg.seq_len, "dtype": token_dtype(meta["vocab_size"]).name,
              "vocab_size": meta["vocab_size"], "eos_id": meta["eos_id"], "bos_id": meta.get("bos_id"),
              "pad_id": meta["pad_id"], "languages": langs, "splits": splits}
-    (ctx.out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
+    (ctx.out / TOKENIZE.index).write_text(json.dumps(index, indent=1, sort_keys=True))
     vm = _val_meta(shards, langs)
-    (ctx.out / "val_meta.json").write_text(json.dumps(vm, indent=1, sort_keys=True))
+    (ctx.out / TOKENIZE.val_meta).write_text(json.dumps(vm, indent=1, sort_keys=True))
     table = _language_table(shards, copies, langs, cfg)
     ctx.report_table("tokenize-languages", "Train tokens per language before/after mixing", table)
     stats = _sum_stats(results)

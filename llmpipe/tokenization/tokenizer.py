@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,19 @@ from llmpipe.stage import StageContext, stage
 from llmpipe.tokenization.config import TokenizerConfig
 
 VERSION = "1"
-META = "llmpipe_tokenizer.json"
+
+
+@dataclass(frozen=True)
+class TokenizerLayout:
+    """The files of a tokenizer artifact that other stages read: consumers join these names, never literals."""
+
+    tokenizer: str = "tokenizer.json"  # the fast tokenizer (``tokenizers`` format)
+    config: str = "tokenizer_config.json"  # transformers' settings: bos/eos/pad, max length
+    meta: str = "llmpipe_tokenizer.json"  # {"vocab_size", "bos_id", "eos_id", "pad_id", "source"}
+
+
+TOKENIZER = TokenizerLayout()
+META = TOKENIZER.meta
 
 
 def corpus_texts(artifact_dir: Path, limit: int | None = None) -> Iterator[str]:
@@ -95,7 +108,7 @@ def load_for_encoding(artifact_dir: str | Path) -> tuple[Any, dict[str, Any]]:
     from tokenizers import Tokenizer
 
     d = Path(artifact_dir)
-    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(d / TOKENIZER.tokenizer))
     tok.encode_special_tokens = True
     tok.no_truncation()
     tok.no_padding()

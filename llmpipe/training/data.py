@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from llmpipe.tokenization.pack import TOKENIZE
+
 
 class PackedSource(Protocol):
     seq_len: int
@@ -62,7 +64,7 @@ def open_packed(artifact_dir: str | Path, split: str = "train") -> PackedSource:
         from llmpipe.tokenization.dataset import PackedDataset  # type: ignore[import-not-found]
     except ImportError:
         return NpyPacked(artifact_dir, split)  # raises a clear "no packed shards" error
-    if not (Path(artifact_dir) / "index.json").is_file():
+    if not (Path(artifact_dir) / TOKENIZE.index).is_file():
         raise FileNotFoundError(f"no packed shards: {artifact_dir} has neither index.json nor {split}/*.npy")
     try:
         return PackedDataset(artifact_dir, split, pairs=True)

@@ -19,20 +19,35 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.store import MANIFEST
+from llmpipe.tokenization.tokenizer import TOKENIZER
 from llmpipe.training.config import STRATEGIES, TrainConfig
 from llmpipe.training.launch import TrainingError, launch
 from llmpipe.training.worker import MEASURED_FIELDS
 
-SKIP_TOKENIZER_FILES = {"manifest.json"}
+SKIP_TOKENIZER_FILES = {MANIFEST}  # the tokenizer artifact's manifest is no tokenizer file
+
+
+@dataclass(frozen=True)
+class PretrainLayout:
+    """The files of a pretrain artifact that other stages read: consumers join these names, never literals."""
+
+    checkpoint: str = "."  # the save_pretrained folder (config.json, weights, tokenizer files): the root
+    metrics: str = "metrics.jsonl"  # one results-only record per logged step
+    loss_curve: str = "loss_curve.png"
+
+
+PRETRAIN = PretrainLayout()
 
 
 def vocab_size_of(tokenizer_dir: Path) -> int:
     """The vocabulary size of the tokenizer artifact (``tokenizer.json``, else ``meta.json``)."""
-    tj = tokenizer_dir / "tokenizer.json"
+    tj = tokenizer_dir / TOKENIZER.tokenizer
     if tj.exists():
         from tokenizers import Tokenizer
 
@@ -142,16 +157,16 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
                  cfg.strategy, cfg.nodes, cfg.nproc_per_node, p["sequences"], p["seq_len"], p["accumulation"])
     res = launch(cfg, spec, run_dir, on_log=ctx.log.info, rdzv_id=ctx.key[:16],
                  on_metric=lambda r: ctx.progress("pretrain steps", int(r["step"]), cfg.max_steps))
-    export = run_dir / "export"
+    export, ckpt = run_dir / "export", ctx.out / PRETRAIN.checkpoint
     for f in sorted(export.iterdir()):
-        link_file(f, ctx.out / f.name)
+        link_file(f, ckpt / f.name)
     for f in sorted(tok_dir.iterdir()):
-        if f.is_file() and f.name not in SKIP_TOKENIZER_FILES and not (ctx.out / f.name).exists():
-            shutil.copy2(f, ctx.out / f.name)
+        if f.is_file() and f.name not in SKIP_TOKENIZER_FILES and not (ckpt / f.name).exists():
+            shutil.copy2(f, ckpt / f.name)
     metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    (ctx.out / "metrics.jsonl").write_text("".join(json.dumps(results_only(m)) + "\n" for m in metrics))
-    plot_loss(metrics, ctx.out / "loss_curve.png")
-    ctx.report_image("pretrain-loss", "Pretraining loss", ctx.out / "loss_curve.png")
+    (ctx.out / PRETRAIN.metrics).write_text("".join(json.dumps(results_only(m)) + "\n" for m in metrics))
+    plot_loss(metrics, ctx.out / PRETRAIN.loss_curve)
+    ctx.report_image("pretrain-loss", "Pretraining loss", ctx.out / PRETRAIN.loss_curve)
     last = metrics[-1]
     steady = metrics[len(metrics) // 2:] or metrics
     stats = {**p, **res.summary, "final_loss": last["loss"], "first_loss": metrics[0]["loss"],

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from llmpipe.evaluation.model_io import find_checkpoint
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.repository import (
     assign_version,
-    find_checkpoint,
     model_config_summary,
     render_config,
     serving_copy,
