@@ -23,8 +23,8 @@ def find_checkpoint(artifact_dir: str | Path) -> Path:
     of other folder names: a stage that moves its checkpoint changes its layout, and every consumer
     follows.
     """
-    from llmpipe.quantization.stage import QUANTIZE  # stage modules: imported here, so no import cycle
-    from llmpipe.training.stage import PRETRAIN
+    from llmpipe.quantization.layout import QUANTIZE
+    from llmpipe.training.layout import PRETRAIN
 
     root = Path(artifact_dir)
     places = {"pretrain": PRETRAIN.checkpoint, "quantize": QUANTIZE.checkpoint}

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
+from llmpipe.evaluation.layout import EVALUATE
 from llmpipe.evaluation.report import metric_rows, regression_markdown
 from llmpipe.stage import StageContext, stage
 
@@ -27,14 +27,6 @@ if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when
 VERSION = "4"  # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats
 
 
-@dataclass(frozen=True)
-class EvaluateLayout:
-    """The files of an evaluate artifact that other stages read (the quantize gate reads ``results``)."""
-
-    results: str = "results.json"  # metrics, data, settings, model size, unigram baseline
-
-
-EVALUATE = EvaluateLayout()
 RESULTS = EVALUATE.results
 
 

@@ -19,14 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
-from llmpipe.evaluation.stage import EVALUATE, run_suite
+from llmpipe.evaluation.layout import EVALUATE
+from llmpipe.evaluation.stage import run_suite
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
+from llmpipe.quantization.layout import QUANTIZE
 from llmpipe.stage import StageContext, link_file, stage
 
 if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, not when it registers
@@ -35,18 +36,6 @@ if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, n
 
 VERSION = "2"
 TIMING_INFO = ("quantize_seconds",)  # keys of the quantizers' info that are timings, not results
-
-
-@dataclass(frozen=True)
-class QuantizeLayout:
-    """The files of a quantize artifact that other stages read (deploy serves ``checkpoint``)."""
-
-    checkpoint: str = "model"  # the checkpoint to deploy (compressed-tensors for AWQ; fp + marker for int8)
-    calibration: str = "calibration.npy"  # the calibration sample (int64 [n, len], padding = -1)
-    results: str = "results.json"  # the gate verdict, fp vs quantized metrics, bytes on disk
-
-
-QUANTIZE = QuantizeLayout()
 
 
 def calibration_sample(tokenize_dir: Path, cfg: QuantizeConfig) -> np.ndarray:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.serving.config import DeployConfig
-from llmpipe.serving.stage import DEPLOY
+from llmpipe.serving.layout import DEPLOY
 from llmpipe.serving.triton_model import CHECKPOINT_DIR, SETTINGS_FILE
 from llmpipe.stage import link_file
 

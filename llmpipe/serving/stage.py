@@ -14,11 +14,11 @@ the server runs on a copy of the repository (see ``server.serve``), so it writes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.layout import DEPLOY
 from llmpipe.stage import StageContext, stage
 
 # The repository writer, server and load test import torch and the Triton client: they are imported
@@ -26,18 +26,6 @@ from llmpipe.stage import StageContext, stage
 
 # The ports every production replica listens on (deployments/triton/ relies on them).
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
-
-
-@dataclass(frozen=True)
-class DeployLayout:
-    """The files of a deploy artifact that the server, the production manifests and the tests read."""
-
-    repository: str = "model_repository"  # the Triton model repository (see llmpipe/serving/repository.py)
-    info: str = "deploy.json"  # model, version, backend, ports
-    env: str = "triton.env"  # MODEL_NAME / MODEL_VERSION for docker compose
-
-
-DEPLOY = DeployLayout()
 
 
 def registry_path(store: Any) -> Path:

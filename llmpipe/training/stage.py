@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,10 @@ from llmpipe.store import MANIFEST
 from llmpipe.tokenization.tokenizer import TOKENIZER
 from llmpipe.training.config import STRATEGIES, TrainConfig
 from llmpipe.training.launch import TrainingError, launch
+from llmpipe.training.layout import PRETRAIN
 from llmpipe.training.worker import MEASURED_FIELDS
 
 SKIP_TOKENIZER_FILES = {MANIFEST}  # the tokenizer artifact's manifest is no tokenizer file
-
-
-@dataclass(frozen=True)
-class PretrainLayout:
-    """The files of a pretrain artifact that other stages read: consumers join these names, never literals."""
-
-    checkpoint: str = "."  # the save_pretrained folder (config.json, weights, tokenizer files): the root
-    metrics: str = "metrics.jsonl"  # one results-only record per logged step
-    loss_curve: str = "loss_curve.png"
-
-
-PRETRAIN = PretrainLayout()
 
 
 def vocab_size_of(tokenizer_dir: Path) -> int:

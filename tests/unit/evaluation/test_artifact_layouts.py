@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import llmpipe.quantization.stage as quantize_stage
+import llmpipe.quantization.layout as quantize_layout
 from llmpipe.evaluation.model_io import find_checkpoint, load_tokenizer
 from llmpipe.quantization.stage import QUANTIZE
 from llmpipe.serving.repository import REPO_DIR
@@ -39,7 +39,7 @@ def test_find_checkpoint_does_not_guess_other_folders(toy_lm, tmp_path: Path) ->
 def test_find_checkpoint_follows_the_quantize_declaration(toy_lm, tmp_path: Path,  # noqa: ANN001
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     moved = replace(QUANTIZE, checkpoint="weights")
-    monkeypatch.setattr(quantize_stage, "QUANTIZE", moved)  # our own declaration, not a library's
+    monkeypatch.setattr(quantize_layout, "QUANTIZE", moved)  # our own declaration, not a library's
     q = _quantize_shaped(toy_lm.pretrain, tmp_path / "quantize", "weights")
     assert find_checkpoint(q) == q / "weights"
 
