@@ -18,6 +18,8 @@ class DeployConfig(Section):
     """
 
     model_name: str = "llmpipe_lm"
+    model_version: int = Field(1, ge=1, description="the Triton version folder of the model; raise it to "
+                               "release a new model beside an older one in a shared repository")
     backend: Literal["python", "vllm"] = "python"  # vllm: Triton's vLLM backend layout (GPU targets only)
     target: Literal["cpu", "gpu"] = "cpu"  # instance_group kind: KIND_CPU or KIND_GPU
     instance_count: int = Field(1, ge=1, le=64)

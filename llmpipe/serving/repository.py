@@ -13,12 +13,9 @@ model.py (decoupled streaming, ``max_batch_size: 0``: vLLM batches on its own).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -123,32 +120,3 @@ def model_config_summary(repo: Path) -> dict[str, Any]:
     text = (models[0] / "config.pbtxt").read_text()
     return {"model": models[0].name, "version": versions[-1], "backend": "vllm" if '"vllm"' in text else "python",
             "response_cache": "response_cache" in text}
-
-
-# -- version registry ------------------------------------------------------------------------------
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def assign_version(registry: Path, model_name: str, deployment_id: str) -> int:
-    """The model version for ``deployment_id``: its existing number, else the model's last plus one.
-
-    The registry (``<store>/_deploy/versions.json``) maps each model to {deployment id: version}, so
-    redeploying the same artifact keeps its number and each new artifact gets the next one.
-    """
-    with _locked(registry):
-        data: dict[str, dict[str, int]] = json.loads(registry.read_text()) if registry.is_file() else {}
-        versions = data.setdefault(model_name, {})
-        if deployment_id not in versions:
-            versions[deployment_id] = max(versions.values(), default=0) + 1
-            tmp = registry.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-            tmp.replace(registry)
-        return versions[deployment_id]

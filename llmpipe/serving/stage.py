@@ -14,7 +14,6 @@ the server runs on a copy of the repository (see ``server.serve``), so it writes
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from llmpipe.serving.config import DeployConfig
@@ -28,21 +27,18 @@ from llmpipe.stage import StageContext, stage
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
-def registry_path(store: Any) -> Path:
-    """``<store>/_deploy/versions.json`` (a ``_`` directory: the store does not list it as a stage)."""
-    return Path(getattr(store, "local", None) or store.root) / "_deploy" / "versions.json"
 
-
-@stage("deploy", version="2", inputs=("quantize",), config_field="deploy", flow="release",
+@stage("deploy", version="3", inputs=("quantize",), config_field="deploy", flow="release",
        requires=("torch", "transformers", "tritonclient"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
     from llmpipe.evaluation.model_io import find_checkpoint
-    from llmpipe.serving.repository import assign_version, write_model_repository
+    from llmpipe.serving.repository import write_model_repository
 
     cfg: DeployConfig = ctx.config or DeployConfig()
     ckpt = find_checkpoint(ctx.inputs["quantize"])
-    version = assign_version(registry_path(ctx.store), cfg.model_name, ctx.key)
+    # the version is the config's, never the store's history: the same key holds the same bytes anywhere
+    version = cfg.model_version
     write_model_repository(ckpt, ctx.out / DEPLOY.repository, cfg, version)
     info = {"model": cfg.model_name, "version": version, "backend": cfg.backend, "target": cfg.target,
             "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from llmpipe.evaluation.model_io import find_checkpoint
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.repository import (
-    assign_version,
     model_config_summary,
     render_config,
     serving_copy,
@@ -62,15 +61,6 @@ def test_python_layout_copies_checkpoint_and_limits(tmp_path: Path, tiny_checkpo
     src = sorted(p.relative_to(tiny_checkpoint) for p in tiny_checkpoint.rglob("*") if p.is_file())
     dst = sorted(p.relative_to(vdir / "checkpoint") for p in (vdir / "checkpoint").rglob("*") if p.is_file())
     assert src == dst
-
-
-def test_version_registry_increments_and_is_stable(tmp_path: Path) -> None:
-    reg = tmp_path / "_deploy" / "versions.json"
-    assert assign_version(reg, "lm", "key-a") == 1
-    assert assign_version(reg, "lm", "key-b") == 2
-    assert assign_version(reg, "lm", "key-a") == 1  # redeploying the same artifact keeps its number
-    assert assign_version(reg, "other", "key-a") == 1
-    assert assign_version(reg, "lm", "key-c") == 3
 
 
 def test_find_checkpoint(tmp_path: Path) -> None:

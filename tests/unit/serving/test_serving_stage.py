@@ -1,4 +1,4 @@
-"""The deploy stage end to end: repository, version registry, and (slow) the local server check."""
+"""The deploy stage end to end: repository, the configured version, and (slow) the local server check."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from llmpipe.serving import server as srv
 from llmpipe.serving.config import DeployConfig
-from llmpipe.serving.stage import registry_path, run_deploy
+from llmpipe.serving.stage import run_deploy
 from llmpipe.stage import STAGES, StageContext, stats_rows
 from llmpipe.store import ArtifactStore
 
@@ -24,7 +24,7 @@ def _ctx(tmp: Path, ckpt_parent: Path, cfg: DeployConfig, key: str) -> StageCont
                         log=logging.getLogger("test.deploy"))
 
 
-def test_stage_writes_repository_and_bumps_versions(tmp_path: Path, tiny_checkpoint: Path) -> None:
+def test_stage_writes_repository_with_the_configured_version(tmp_path: Path, tiny_checkpoint: Path) -> None:
     cfg = DeployConfig(verify=False, model_name="lm")
     stats = run_deploy(_ctx(tmp_path, tiny_checkpoint, cfg, "k1"))
     assert stats["version"] == 1 and stats["verified"] is False and "verify is false" in stats["verify_skipped"]
@@ -34,8 +34,12 @@ def test_stage_writes_repository_and_bumps_versions(tmp_path: Path, tiny_checkpo
     info = json.loads((out / "deploy.json").read_text())
     assert info["model"] == "lm" and info["version"] == 1 and info["quantize_key"] == "q-k1"
     assert (out / "triton.env").read_text() == "MODEL_NAME=lm\nMODEL_VERSION=1\n"
-    assert run_deploy(_ctx(tmp_path, tiny_checkpoint, cfg, "k2"))["version"] == 2
-    assert json.loads(registry_path(ArtifactStore(tmp_path / "store")).read_text()) == {"lm": {"k1": 1, "k2": 2}}
+    # another deploy into the same store: still the configured version (the store's history is no input)
+    assert run_deploy(_ctx(tmp_path, tiny_checkpoint, cfg, "k2"))["version"] == 1
+    v2 = DeployConfig(verify=False, model_name="lm", model_version=2)
+    assert run_deploy(_ctx(tmp_path, tiny_checkpoint, v2, "k3"))["version"] == 2
+    assert (tmp_path / "out-k3" / "model_repository" / "lm" / "2" / "model.py").is_file()
+    assert (tmp_path / "out-k3" / "triton.env").read_text() == "MODEL_NAME=lm\nMODEL_VERSION=2\n"
 
 
 @pytest.mark.slow
