@@ -17,7 +17,7 @@ from llmpipe.config import ConfigError, PipelineConfig, load_config
 from llmpipe.pipeline import MissingExtra
 from llmpipe.sources import SourceError
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 FLOW_NAMES = ("lifecycle", "data_refresh", "pretrain", "release")
 
 
@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None, process: bool = False) -> int:
     except Exception as e:  # noqa: BLE001 - the command line reports, it does not trace back
         _report(_failure(e))
         return EXIT_FAILED
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a command turns them into it
+        _report("llmpipe: interrupted")
+        return EXIT_INTERRUPTED
     finally:
         from llmpipe import console
 

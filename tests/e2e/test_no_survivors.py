@@ -255,6 +255,9 @@ def test_run_killed_in_pretrain_leaves_no_workers(sig: signal.Signals, store: li
     cmd = _run(root, env, f"pretrain-{sig.name}", *store, "--no-prefect", "--from", "pretrain", "--until", "pretrain",
                "train.max_steps=100000", "train.checkpoint_every=0")
     _check(cmd, workers_up, "torchrun and its workers", sig)
+    if sig == signal.SIGINT:  # Ctrl-C: one line and exit 130; the traceback is in the stage's log only
+        out = cmd.log.read_text(errors="replace")
+        assert cmd.popen.returncode == 130 and "llmpipe: interrupted" in out and "Traceback" not in out, out[-3000:]
 
 
 def test_run_with_temporary_prefect_server_killed_in_pretrain(store: list[str], root: Path,
