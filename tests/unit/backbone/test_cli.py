@@ -104,3 +104,35 @@ def test_verbose_run_shows_the_logs_in_the_terminal(tmp_path: Path) -> None:
     assert quiet.returncode == 0 and quiet.stderr == "" and "INFO" not in quiet.stdout, quiet.stdout
     loud = _console(tmp_path, "run", "p.yaml", "--no-prefect", "--until", "ingest", "-v", "ingest.normalization=NFKC")
     assert loud.returncode == 0 and "INFO" in loud.stderr, loud.stderr
+
+
+def test_on_a_terminal_the_running_stage_line_is_replaced_by_its_result(tmp_path: Path) -> None:
+    """On a tty each stage first shows `running ...`, then the same line (after a carriage return) its result."""
+    import pty
+    import select
+
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": f"hello number {i}, a short line"} for i in range(5)])
+    (tmp_path / "p.yaml").write_text("sources:\n  - {name: web, path: data}\nrunner: {workers: 1}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "llmpipe"), "run", "p.yaml", "--no-prefect",
+                             "--until", "langid"], cwd=tmp_path, env=env, stdin=follower, stdout=follower,
+                            stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 120)
+        if not ready:
+            break
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "[ 1/2] ingest     running ..." in screen and "\r[ 1/2] ingest     ran" in screen, screen
+    assert "Traceback" not in screen and "INFO" not in screen
