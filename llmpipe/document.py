@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.stage import lazy_import
+from llmpipe.store import MANIFEST, sha256_file
 
 # pyarrow loads on first use: every ``llmpipe`` command imports this module to learn the DAG
 pa = lazy_import("pyarrow")
@@ -171,6 +172,36 @@ def _loads(s: str) -> Any:
 def shard_paths(directory: str | Path) -> list[Path]:
     """The document shards of an artifact, in their stable order (``<dir>/shards/*.parquet``)."""
     return sorted((Path(directory) / SHARDS).glob(SHARD_GLOB))
+
+
+@dataclass(frozen=True)
+class InputShard:
+    """One upstream shard with its content hash: per-shard cache keys and refresh prefixes use the hash."""
+
+    path: Path
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def input_shards(directory: str | Path) -> list[InputShard]:
+    """An upstream artifact's shards in their stable order, each with its sha256.
+
+    The hash comes from the artifact's manifest when it lists the file (no re-read of published
+    bytes), else the file is hashed now (an artifact being built, or a test's bare folder).
+    """
+    directory = Path(directory)
+    files: dict[str, Any] = {}
+    mf = directory / MANIFEST
+    if mf.is_file():
+        files = json.loads(mf.read_text()).get("files", {})
+    out = []
+    for p in shard_paths(directory):
+        sha = files.get(f"{SHARDS}/{p.name}", {}).get("sha256")
+        out.append(InputShard(p, str(sha) if sha else sha256_file(p)))
+    return out
 
 
 def rejected_paths(directory: str | Path) -> list[Path]:

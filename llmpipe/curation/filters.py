@@ -13,14 +13,18 @@ document ends kept, rejected with a reason, or quarantined (a filter raised on i
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmpipe.curation.funnel import check_funnel, funnel_rows, merge_funnels, write_funnel
 from llmpipe.document import Document, iter_documents, write_shard
+
+# the funnel lives in llmpipe.curation.funnel (every curation stage writes one); re-exported here
+__all__ = ["Filter", "FilterChain", "ScoredFilter", "apply_filters", "check_funnel", "funnel_rows",
+           "merge_funnels", "write_funnel"]
 
 FilterResult = bool | tuple[bool, str]
 
@@ -165,78 +169,3 @@ def apply_filters(
     funnel["seconds"] = round(time.perf_counter() - t0, 4)
     check_funnel(funnel, where=str(shard_in))
     return funnel
-
-
-def check_funnel(funnel: dict[str, Any], where: str = "") -> None:
-    """Raise when documents went missing: in must equal kept + sum(rejected)."""
-    total = funnel["kept"] + sum(funnel["rejected"].values())
-    if total != funnel["in"]:
-        raise RuntimeError(f"{where}: funnel does not add up: in={funnel['in']} kept+rejected={total}")
-
-
-def merge_funnels(funnels: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Sum per-shard funnels into the stage funnel."""
-    out: dict[str, Any] = {"in": 0, "kept": 0, "rejected": Counter(), "filters": {}, "seconds": 0.0}
-    for f in funnels:
-        out["in"] += f["in"]
-        out["kept"] += f["kept"]
-        out["rejected"].update(f["rejected"])
-        out["seconds"] += f.get("seconds", 0.0)
-        for name, s in f.get("filters", {}).items():
-            acc = out["filters"].setdefault(name, {"in": 0, "out": 0, "seconds": 0.0})
-            for k in acc:
-                acc[k] += s.get(k, 0)
-    out["rejected"] = dict(sorted(out["rejected"].items()))
-    out["seconds"] = round(out["seconds"], 4)
-    for s in out["filters"].values():
-        s["seconds"] = round(s["seconds"], 4)
-    check_funnel(out, where="merged funnel")
-    return out
-
-
-def funnel_rows(funnel: dict[str, Any]) -> list[dict[str, Any]]:
-    """The funnel as table rows (for the UI): in, one row per reason, kept."""
-    n = max(funnel["in"], 1)
-    rows = [{"step": "in", "docs": funnel["in"], "share": 1.0}]
-    for reason, c in sorted(funnel["rejected"].items(), key=lambda kv: -kv[1]):
-        rows.append({"step": f"rejected: {reason}", "docs": c, "share": round(c / n, 4)})
-    rows.append({"step": "kept", "docs": funnel["kept"], "share": round(funnel["kept"] / n, 4)})
-    return rows
-
-
-def write_funnel(out_dir: Path, funnel: dict[str, Any], title: str) -> tuple[Path, Path]:
-    """Write ``funnel.json`` and a ``funnel.png`` bar chart into ``out_dir``; returns both paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    js = out_dir / "funnel.json"
-    # wall-clock timings vary between runs: they go to the manifest's stats, never into artifact bytes
-    js.write_text(json.dumps(_without_timings(funnel), indent=2, sort_keys=True))
-    png = out_dir / "funnel.png"
-    _plot_funnel(funnel, title, png)
-    return js, png
-
-
-def _without_timings(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _without_timings(v) for k, v in obj.items() if k != "seconds"}
-    return obj
-
-
-def _plot_funnel(funnel: dict[str, Any], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = funnel_rows(funnel)
-    labels = [r["step"] for r in rows][::-1]
-    values = [r["docs"] for r in rows][::-1]
-    colors = ["#4c72b0" if lab in ("in", "kept") else "#dd8452" for lab in labels]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
-    ax.barh(labels, values, color=colors)
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v}", va="center", fontsize=8)
-    ax.set_title(title)
-    ax.set_xlabel("documents")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80, metadata={"Software": None})
-    plt.close(fig)

@@ -4,22 +4,23 @@ Each stage filters its input shards one by one through :func:`llmpipe.curation.f
 with a per-shard cache (``ctx.cached_map``) keyed by the stage version, the stage's output-relevant
 config and the input shard's content hash, so a nightly refresh that adds shards only processes the
 new ones. Outputs: ``shards/<name>.parquet`` (kept), ``rejected/<name>.parquet`` (reason + scores),
-``funnel.json`` and ``funnel.png``; the funnel is also reported as a table and an image. A stage
+``funnel.json`` and ``funnel.png`` (:mod:`llmpipe.curation.funnel`, as every curation stage); the
+funnel is also reported as a table and an image. A stage
 configured with no filters changes nothing: its kept shards are hard links to the input shards.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.config import LangIdConfig, QualityConfig, SafetyConfig
-from llmpipe.curation.filters import Filter, apply_filters, funnel_rows, merge_funnels, write_funnel
-from llmpipe.document import REJECTED, SHARDS, shard_paths, write_shard
+from llmpipe.curation.filters import Filter, apply_filters
+from llmpipe.curation.funnel import merge_funnels, report_funnel
+from llmpipe.document import REJECTED, SHARDS, input_shards, write_shard
 from llmpipe.stage import StageContext, lazy_import, link_file, stage
-from llmpipe.store import MANIFEST, hash_json, sha256_file
+from llmpipe.store import hash_json
 
 pq = lazy_import("pyarrow.parquet")  # loaded when a stage runs, not when it registers
 # 2: an empty shard (all documents rejected, or none rejected) has no row group, which `datasets` reads
@@ -74,33 +75,20 @@ def _pass_through(shard: Path, out_dir: Path, name: str) -> dict[str, Any]:
     return {"in": n, "kept": n, "rejected": {}, "filters": {}, "seconds": 0.0}
 
 
-def input_shard_hashes(artifact_dir: Path) -> list[tuple[Path, str]]:
-    """(shard path, sha256) per input shard; the manifest's hashes when present, else hashed now."""
-    files: dict[str, Any] = {}
-    mf = artifact_dir / MANIFEST
-    if mf.is_file():
-        files = json.loads(mf.read_text()).get("files", {})
-    out = []
-    for p in shard_paths(artifact_dir):
-        entry = files.get(f"{SHARDS}/{p.name}")
-        out.append((p, entry["sha256"] if entry else sha256_file(p)))
-    return out
-
-
 def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, Any]:
     """The body shared by the three stages."""
     cfg_cls, build = BUILDERS[kind]
     cfg = ctx.config if ctx.config is not None else cfg_cls()
     build(cfg)  # fail fast in the parent on a bad config (missing model or word-list file)
-    shards = input_shard_hashes(ctx.inputs[upstream])
+    shards = input_shards(ctx.inputs[upstream])
     key_cfg = cfg.key_dict()
-    items = [(hash_json([ctx.name, ctx.spec.version, key_cfg, sha, p.name]), (kind, str(p), cfg))
-             for p, sha in shards]
+    items = [(hash_json([ctx.name, ctx.spec.version, key_cfg, s.sha256, s.name]), (kind, str(s.path), cfg))
+             for s in shards]
     cached = sum(1 for k, _ in items if (ctx.shard_dir(k) / "_DONE.json").exists())
     results = ctx.cached_map(filter_shard, items, desc=f"{kind} shards")
-    for (d, _stats), (p, _sha) in zip(results, shards, strict=True):
+    for (d, _stats), s in zip(results, shards, strict=True):
         for sub in (SHARDS, REJECTED):
-            link_file(d / sub / p.name, ctx.out / sub / p.name)
+            link_file(d / sub / s.name, ctx.out / sub / s.name)
     funnel = merge_funnels(s for _, s in results)
     pii: dict[str, int] = {}
     for _, s in results:
@@ -108,9 +96,7 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
             pii[k] = pii.get(k, 0) + v
     if kind == "safety":
         funnel["pii"] = dict(sorted(pii.items()))
-    _, png = write_funnel(ctx.out, funnel, f"{kind}: {funnel['kept']} of {funnel['in']} documents kept")
-    ctx.report_table(f"{kind}-funnel", f"{kind} funnel", funnel_rows(funnel))
-    ctx.report_image(f"{kind}-funnel-chart", f"{kind} funnel", png)
+    report_funnel(ctx, kind, funnel)
     if pii:
         ctx.report_table("safety-pii", "PII redactions per type",
                          [{"type": k, "count": v} for k, v in sorted(pii.items())])

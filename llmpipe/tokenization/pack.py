@@ -57,8 +57,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from llmpipe.curation.augment.stage import input_shard_digest
-from llmpipe.document import shard_paths
+from llmpipe.document import input_shards
 from llmpipe.stage import LocalRunner, StageContext, gc_paused, lazy_import, stage
 from llmpipe.store import hash_json
 from llmpipe.tokenization.config import TokenizeConfig
@@ -709,9 +708,10 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     enc_cfg = {k: v for k, v in cfg.key_dict().items()
                if k in ("val_fraction", "split_salt", "min_tokens", "max_tokens", "long_docs", "add_bos")}
     tok_key = ctx.input_keys.get("tokenizer", "")
-    items = [(hash_json(["tokenize-encode", VERSION, enc_cfg, tok_key, input_shard_digest(src, p), start, stop]),
-              (str(p), str(tok_dir), cfg, start, stop))
-             for p in shard_paths(src) for start, stop in pieces(pq.ParquetFile(p).metadata.num_rows, cfg.piece_docs)]
+    items = [(hash_json(["tokenize-encode", VERSION, enc_cfg, tok_key, s.sha256, start, stop]),
+              (str(s.path), str(tok_dir), cfg, start, stop))
+             for s in input_shards(src)
+             for start, stop in pieces(pq.ParquetFile(s.path).metadata.num_rows, cfg.piece_docs)]
     with _one_encode_thread_per_call(isinstance(ctx.runner, LocalRunner) and ctx.workers > 1):
         results = ctx.cached_map(encode_shard, items, desc="encode", threads=True)
     shards, langs, sources = _load_shards(results)

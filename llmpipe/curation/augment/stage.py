@@ -14,12 +14,13 @@ augmented documents, in input order; a shard that gains no document is the input
 link). Shards are cached one by one (``ctx.cached_map``), keyed by the stage version, the config
 and the input shard's name and sha256, so a refresh augments only new shards.
 Model-based operators name their models by path; the key holds the path, not the weights.
+The artifact also holds the shared curation funnel (:mod:`llmpipe.curation.funnel`): ``in`` source
+documents, ``kept`` originals, ``added`` children per operator label, ``out`` = kept + added.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,16 @@ from llmpipe.curation.augment.config import (
     TemplateOp,
 )
 from llmpipe.curation.augment.operators import Outcome, Restructurer, SynonymReplacer, TemplateFiller, lang_of
-from llmpipe.document import SHARDS, Document, read_shard, shard_paths, write_shard
+from llmpipe.curation.funnel import report_funnel
+from llmpipe.document import SHARDS, Document, input_shards, read_shard, write_shard
 from llmpipe.stage import StageContext, lazy_import, link_file, stage
-from llmpipe.store import hash_json, sha256_file
+from llmpipe.store import hash_json
 
 pq = lazy_import("pyarrow.parquet")  # loaded when the stage runs, not when it registers
 
-VERSION = "2"  # 2: an empty shard has no row group (`datasets` reads it); unchanged shards linked
+# 2: an empty shard has no row group (`datasets` reads it); unchanged shards linked
+# 3: funnel.json (in, kept, rejected, filters, added per operator, out) and funnel.png
+VERSION = "3"
 BATCH = 64
 
 
@@ -121,17 +125,6 @@ def _augment_shard(arg: tuple[str, AugmentConfig], out_dir: Path) -> dict[str, A
     return {"docs_in": len(docs), "docs_out": len(kept) + len(children), "operators": stats}
 
 
-def input_shard_digest(artifact_dir: Path, shard: Path) -> str:
-    """The input shard's sha256 from its artifact's manifest (hashing the file when not listed)."""
-    mf = artifact_dir / "manifest.json"
-    if mf.is_file():
-        rel = shard.relative_to(artifact_dir).as_posix()
-        info = json.loads(mf.read_text()).get("files", {}).get(rel)
-        if info and "sha256" in info:
-            return str(info["sha256"])
-    return sha256_file(shard)
-
-
 def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
     for label, st in part.items():
         t = total.setdefault(label, {"type": st["type"], "selected": 0, "augmented_docs": 0, "skipped": {}})
@@ -173,21 +166,31 @@ def _check_models(cfg: AugmentConfig) -> None:
                 check_model_dir(p, f"augment.operators[{i}].chain[{j}]")
 
 
+def _report(ctx: StageContext, keep_originals: bool, docs_in: int, totals: dict[str, Any]) -> dict[str, Any]:
+    """The shared funnel: originals kept (or dropped when ``keep_originals`` is off), children added."""
+    kept = docs_in if keep_originals else 0
+    added = {k: v["augmented_docs"] for k, v in sorted(totals.items())}
+    return report_funnel(ctx, "augment", {
+        "in": docs_in, "kept": kept, "rejected": {} if kept == docs_in else {"original_not_kept": docs_in},
+        "filters": {}, "added": added, "out": kept + sum(added.values())})
+
+
 @stage("augment", version=VERSION, inputs=("dedup",), config_field="augment", flow="data_refresh",
-       requires=lambda cfg: ("torch", "transformers") if cfg.augment.enabled and any(
-           op.type in ("contextual", "back_translation") for op in cfg.augment.operators) else (),
+       requires=lambda cfg: ("matplotlib", *(("torch", "transformers") if cfg.augment.enabled and any(
+           op.type in ("contextual", "back_translation") for op in cfg.augment.operators) else ())),
        extra="curation")
 def run_augment(ctx: StageContext) -> dict[str, Any]:
     """Augment curated documents (synonyms, masked LM, back-translation, restructuring, templates)."""
     cfg: AugmentConfig = ctx.config
     src = ctx.inputs["dedup"]
-    shards = shard_paths(src)
+    shards = input_shards(src)
     (ctx.out / SHARDS).mkdir(parents=True, exist_ok=True)
     if not cfg.enabled or not cfg.operators:
         n = 0
-        for p in shards:
-            link_file(p, ctx.out / SHARDS / p.name)
-            n += pq.ParquetFile(p).metadata.num_rows
+        for s in shards:
+            link_file(s.path, ctx.out / SHARDS / s.name)
+            n += pq.ParquetFile(s.path).metadata.num_rows
+        _report(ctx, True, n, {})
         ctx.log.info("augment: disabled; %d shards (%d documents) passed through", len(shards), n)
         return {"enabled": False, "shards": len(shards), "docs_in": n, "docs_out": n, "operators": {}}
     key_cfg = cfg.key_dict()  # the paths as written in the config: moving the config keeps the cache
@@ -195,13 +198,12 @@ def run_augment(ctx: StageContext) -> dict[str, Any]:
     cfg = resolve_paths(cfg, base)
     _check_models(cfg)
     # the name too: the result is a file of that name, and two shards may hold the same bytes (empty ones)
-    items = [(hash_json(["augment", VERSION, key_cfg, input_shard_digest(src, p), p.name]), (str(p), cfg))
-             for p in shards]
+    items = [(hash_json(["augment", VERSION, key_cfg, s.sha256, s.name]), (str(s.path), cfg)) for s in shards]
     results = ctx.cached_map(_augment_shard, items, desc="augment")
     totals: dict[str, Any] = {}
     docs_in = docs_out = 0
-    for (d, st), p in zip(results, shards, strict=True):
-        link_file(d / p.name, ctx.out / SHARDS / p.name)
+    for (d, st), s in zip(results, shards, strict=True):
+        link_file(d / s.name, ctx.out / SHARDS / s.name)
         docs_in += st["docs_in"]
         docs_out += st["docs_out"]
         _merge(totals, st["operators"])
@@ -209,5 +211,8 @@ def run_augment(ctx: StageContext) -> dict[str, Any]:
         {"operator": k, "type": v["type"], "selected": v["selected"], "augmented_docs": v["augmented_docs"],
          "skipped": ", ".join(f"{r}={n}" for r, n in sorted(v["skipped"].items())) or "-"}
         for k, v in totals.items()])
+    funnel = _report(ctx, cfg.keep_originals, docs_in, totals)
+    if funnel["out"] != docs_out:
+        raise RuntimeError(f"augment: shards hold {docs_out} documents, the funnel counts {funnel['out']}")
     return {"enabled": True, "shards": len(shards), "docs_in": docs_in, "docs_out": docs_out,
             "augmented_docs": sum(v["augmented_docs"] for v in totals.values()), "operators": totals}

@@ -12,7 +12,8 @@ Artifact layout (under the stage's output directory):
   and the documents each later run added), ``index/lsh.json`` (datasketch storage, base and deltas
   / Redis basename),
   ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
-- ``funnel.json``.
+- ``funnel.json`` and ``funnel.png`` (:mod:`llmpipe.curation.funnel`; rejected reasons
+  ``exact_duplicate`` / ``near_duplicate``).
 
 A refresh finds the previous dedup artifact whose input shards are a prefix of this run's (same
 names, same sha256, same key config), links its per-shard files, and decides only the new shards'
@@ -27,9 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.dedup.text import exact_hash, normalize
-from llmpipe.document import REJECTED, SHARDS, iter_documents, rejected_paths, shard_paths, write_shard
+from llmpipe.curation.funnel import report_funnel
+from llmpipe.document import (
+    REJECTED,
+    SHARDS,
+    input_shards,
+    iter_documents,
+    rejected_paths,
+    shard_paths,
+    write_shard,
+)
 from llmpipe.stage import StageContext, lazy_import, link_file, stage
-from llmpipe.store import hash_json, sha256_file
+from llmpipe.store import hash_json
 
 # numpy, pyarrow, numba (minhash) and datasketch (lsh) load when the stage runs, not when it registers
 np = lazy_import("numpy")
@@ -37,7 +47,9 @@ pa = lazy_import("pyarrow")
 pq = lazy_import("pyarrow.parquet")
 core = lazy_import("llmpipe.curation.dedup.core")
 
-VERSION = "2"  # 2: an empty kept shard has no row group (`datasets` reads it); unchanged shards linked
+# 2: an empty kept shard has no row group (`datasets` reads it); unchanged shards linked
+# 3: the shared funnel (funnel.json in the filter stages' schema, funnel.png)
+VERSION = "3"
 INDEX_FORMAT = 2  # 2: memory index as base + deltas
 
 
@@ -104,20 +116,6 @@ def write_filtered(job: tuple[str, str, str, np.ndarray, list[str | None]]) -> d
 
 
 # -- helpers --------------------------------------------------------------------------------------------
-
-def _shard_list(input_dir: Path) -> list[dict[str, Any]]:
-    """Ordered input shards with content hashes (from the input manifest when it has them)."""
-    files: dict[str, Any] = {}
-    mf = input_dir / "manifest.json"
-    if mf.is_file():
-        files = json.loads(mf.read_text()).get("files", {})
-    out = []
-    for p in shard_paths(input_dir):
-        rel = p.relative_to(input_dir).as_posix()
-        sha = files.get(rel, {}).get("sha256") or sha256_file(p)
-        out.append({"name": p.name, "sha256": sha, "path": str(p)})
-    return out
-
 
 def _params(cfg: Any) -> dict[str, Any]:
     from llmpipe.curation.dedup.lsh import lsh_params
@@ -196,7 +194,7 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
 # -- the stage ------------------------------------------------------------------------------------------
 
 @stage("dedup", version=VERSION, inputs=("safety",), config_field="dedup", flow="data_refresh",
-       requires=lambda cfg: ("datasketch", *(("redis",) if cfg.dedup.backend == "redis" else ())),
+       requires=lambda cfg: ("datasketch", "matplotlib", *(("redis",) if cfg.dedup.backend == "redis" else ())),
        extra="curation")
 def run_dedup(ctx: StageContext) -> dict[str, Any]:
     """Exact + MinHash LSH near-dedup with a persistent, incremental index."""
@@ -207,7 +205,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     timings: dict[str, float] = {}
     params = _params(cfg)
     src = ctx.inputs["safety"]
-    shards = _shard_list(src)
+    shards = [{"name": s.name, "sha256": s.sha256, "path": str(s.path)} for s in input_shards(src)]
     prev = find_previous(ctx, params, shards)
     n_old = len(prev[1]["shards"]) if prev else 0
     lineage = prev[1]["lineage"] if prev else ctx.key
@@ -361,7 +359,7 @@ def _insert(index: Any, band_dir: Path, idx: np.ndarray, sigs: np.ndarray, query
 
 
 def _funnel(ctx: StageContext, shards: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts from the written files (so they add up by construction of what is on disk)."""
+    """Counts from the written files (so they add up by construction of what is on disk), as stats."""
     kept = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_paths(ctx.out))
     reasons: dict[str, int] = {}
     for p in rejected_paths(ctx.out):
@@ -369,11 +367,12 @@ def _funnel(ctx: StageContext, shards: list[dict[str, Any]]) -> dict[str, Any]:
             r = doc.metadata["reject_reason"]
             reasons[r] = reasons.get(r, 0) + 1
     docs_in = sum(pq.ParquetFile(s["path"]).metadata.num_rows for s in shards)
-    if docs_in != kept + sum(reasons.values()):
-        raise RuntimeError(f"dedup funnel does not add up: in={docs_in} kept={kept} rejected={reasons}")
-    funnel = {"docs_in": docs_in, "kept": kept, "rejected": reasons}
-    (ctx.out / "funnel.json").write_text(json.dumps(funnel, indent=1, sort_keys=True))
-    rows = [{"step": "in", "docs": docs_in}] + [{"step": r, "docs": -c} for r, c in sorted(reasons.items())] + \
-        [{"step": "kept", "docs": kept}]
-    ctx.report_table("dedup-funnel", "Dedup funnel", rows)
+    after_exact = docs_in - reasons.get(core.REASONS[core.EXACT], 0)
+    filters = {}  # the two decisions as the filter stages count theirs: documents in and out of each
+    if ctx.config.exact:
+        filters["exact"] = {"in": docs_in, "out": after_exact}
+    if ctx.config.near:
+        filters["near"] = {"in": after_exact, "out": kept}
+    report_funnel(ctx, "dedup", {"in": docs_in, "kept": kept, "rejected": dict(sorted(reasons.items())),
+                                 "filters": filters})
     return {"docs_in": docs_in, "kept": kept, **{f"rejected_{k}": v for k, v in reasons.items()}}

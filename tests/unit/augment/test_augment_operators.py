@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,9 @@ def test_stage_off_passes_shards_through(tmp_path: Path, make_ctx) -> None:
     stats = run_augment(ctx)
     assert stats["enabled"] is False and stats["docs_out"] == 6
     assert _sha(ctx.out / "shards" / "part-0.parquet") == _sha(src / "shards" / "part-0.parquet")
+    funnel = json.loads((ctx.out / "funnel.json").read_text())  # the shared funnel, off or on
+    assert funnel == {"in": 6, "kept": 6, "rejected": {}, "filters": {}, "added": {}, "out": 6}
+    assert (ctx.out / "funnel.png").is_file()
 
 
 def test_stage_on_writes_originals_and_children_and_caches_shards(tmp_path: Path, make_ctx) -> None:

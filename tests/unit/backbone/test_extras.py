@@ -95,7 +95,7 @@ def test_every_stage_names_modules_of_known_extras(overrides: list[str]) -> None
 def test_the_message_names_the_stage_the_extra_and_the_install_command() -> None:
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["dedup.backend=redis"])
     dedup = load_stages()["dedup"]
-    assert dedup.required_modules(cfg) == ("datasketch", "redis")
+    assert dedup.required_modules(cfg) == ("datasketch", "matplotlib", "redis")  # matplotlib: funnel.png
     err = MissingExtra({"stage 'dedup'": {"redis": ["redis"]}, "stage 'pretrain'": {"train": ["torch"]}})
     lines = str(err).splitlines()
     assert lines[0] == "stage 'dedup' needs the [redis] extra: pip install 'llmpipe[redis]' (not installed: redis)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pyarrow.parquet as pq
@@ -75,8 +76,10 @@ def test_exact_duplicates_after_normalization_and_keeper_rule(store) -> None:
     assert dec["a"] == ("kept", None) and dec["b"] == ("exact_duplicate", "a")
     assert dec["c"] == ("kept", None) and dec["d"] == ("exact_duplicate", "c")
     assert dec["e"] == ("kept", None) and dec["f"] == ("kept", None)
-    funnel = (art.path / "funnel.json").read_text()
-    assert '"docs_in": 6' in funnel and '"kept": 4' in funnel
+    funnel = json.loads((art.path / "funnel.json").read_text())
+    assert funnel["in"] == 6 and funnel["kept"] == 4 and funnel["rejected"] == {"exact_duplicate": 2}
+    assert funnel["in"] == funnel["kept"] + sum(funnel["rejected"].values())
+    assert (art.path / "funnel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_chain_points_to_cluster_keeper(store) -> None:

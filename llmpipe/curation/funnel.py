@@ -1,0 +1,127 @@
+"""The document funnel every curation stage writes: one schema, one writer, one report.
+
+A funnel is ``{"in", "kept", "rejected": {reason: n}, "filters": {name: {in, out}}}``: the documents
+a stage read, the ones it passed on, and the ones it removed per reason, so ``in == kept +
+sum(rejected)`` always. A stage that adds documents (augment) also writes ``"added": {operator: n}``
+and ``"out" == kept + sum(added)``; safety adds ``"pii": {type: n}``. :func:`report_funnel` checks
+the sums, writes ``funnel.json`` and ``funnel.png`` into the artifact and reports both to the UI, so
+langid, quality, safety, dedup and augment all look the same to a reader and to a test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+FUNNEL_JSON = "funnel.json"
+FUNNEL_PNG = "funnel.png"
+KEYS = ("in", "kept", "rejected", "filters")  # in every funnel
+OPTIONAL_KEYS = ("added", "out", "pii")  # where the stage adds documents / redacts PII
+
+
+def check_funnel(funnel: dict[str, Any], where: str = "") -> None:
+    """Raise when documents went missing: in must equal kept + sum(rejected) (and out kept + sum(added))."""
+    total = funnel["kept"] + sum(funnel["rejected"].values())
+    if total != funnel["in"]:
+        raise RuntimeError(f"{where}: funnel does not add up: in={funnel['in']} kept+rejected={total}")
+    if "added" in funnel or "out" in funnel:
+        out = funnel["kept"] + sum(funnel.get("added", {}).values())
+        if funnel.get("out") != out:
+            raise RuntimeError(f"{where}: funnel does not add up: out={funnel.get('out')} kept+added={out}")
+
+
+def merge_funnels(funnels: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Sum per-shard funnels into the stage funnel."""
+    out: dict[str, Any] = {"in": 0, "kept": 0, "rejected": Counter(), "filters": {}, "seconds": 0.0}
+    for f in funnels:
+        out["in"] += f["in"]
+        out["kept"] += f["kept"]
+        out["rejected"].update(f["rejected"])
+        out["seconds"] += f.get("seconds", 0.0)
+        for name, s in f.get("filters", {}).items():
+            acc = out["filters"].setdefault(name, {"in": 0, "out": 0, "seconds": 0.0})
+            for k in acc:
+                acc[k] += s.get(k, 0)
+    out["rejected"] = dict(sorted(out["rejected"].items()))
+    out["seconds"] = round(out["seconds"], 4)
+    for s in out["filters"].values():
+        s["seconds"] = round(s["seconds"], 4)
+    check_funnel(out, where="merged funnel")
+    return out
+
+
+def funnel_rows(funnel: dict[str, Any]) -> list[dict[str, Any]]:
+    """The funnel as table rows (for the UI): in, one row per reason, kept (then added per operator, out)."""
+    n = max(funnel["in"], 1)
+    rows = [{"step": "in", "docs": funnel["in"], "share": 1.0}]
+    for reason, c in sorted(funnel["rejected"].items(), key=lambda kv: -kv[1]):
+        rows.append({"step": f"rejected: {reason}", "docs": c, "share": round(c / n, 4)})
+    rows.append({"step": "kept", "docs": funnel["kept"], "share": round(funnel["kept"] / n, 4)})
+    if "added" in funnel:
+        for op, c in sorted(funnel["added"].items(), key=lambda kv: -kv[1]):
+            rows.append({"step": f"added: {op}", "docs": c, "share": round(c / n, 4)})
+        rows.append({"step": "out", "docs": funnel["out"], "share": round(funnel["out"] / n, 4)})
+    return rows
+
+
+def write_funnel(out_dir: Path, funnel: dict[str, Any], title: str) -> tuple[Path, Path]:
+    """Write ``funnel.json`` and a ``funnel.png`` bar chart into ``out_dir``; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js = out_dir / FUNNEL_JSON
+    # wall-clock timings vary between runs: they go to the manifest's stats, never into artifact bytes
+    js.write_text(json.dumps(_without_timings(funnel), indent=2, sort_keys=True))
+    png = out_dir / FUNNEL_PNG
+    _plot_funnel(funnel, title, png)
+    return js, png
+
+
+def report_funnel(ctx: Any, kind: str, funnel: dict[str, Any]) -> dict[str, Any]:
+    """The one funnel step of every curation stage: check the sums, write json + png, report table + chart.
+
+    ``ctx`` is the stage's :class:`llmpipe.stage.StageContext` (its ``out``, ``report_table`` and
+    ``report_image``). Returns the funnel.
+    """
+    missing = [k for k in KEYS if k not in funnel]
+    unknown = sorted(set(funnel) - set(KEYS) - set(OPTIONAL_KEYS) - {"seconds"})
+    if missing or unknown:
+        raise ValueError(f"{kind}: funnel keys: missing {missing}, unknown {unknown}")
+    check_funnel(funnel, where=kind)
+    title = f"{kind}: {funnel['kept']} of {funnel['in']} documents kept"
+    if "out" in funnel:
+        title += f", {funnel['out']} out"
+    _, png = write_funnel(ctx.out, funnel, title)
+    ctx.report_table(f"{kind}-funnel", f"{kind} funnel", funnel_rows(funnel))
+    ctx.report_image(f"{kind}-funnel-chart", f"{kind} funnel", png)
+    return funnel
+
+
+def _without_timings(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_timings(v) for k, v in obj.items() if k != "seconds"}
+    return obj
+
+
+def _plot_funnel(funnel: dict[str, Any], title: str, path: Path) -> None:
+    """A horizontal bar chart; the same bytes for the same funnel (no matplotlib version in the file)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = funnel_rows(funnel)
+    labels = [r["step"] for r in rows][::-1]
+    values = [r["docs"] for r in rows][::-1]
+    colors = ["#4c72b0" if lab in ("in", "kept", "out") else
+              "#55a868" if lab.startswith("added: ") else "#dd8452" for lab in labels]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    ax.barh(labels, values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v}", va="center", fontsize=8)
+    ax.set_title(title)
+    ax.set_xlabel("documents")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)
