@@ -61,7 +61,6 @@ def use_project_prefect(state_dir: str | Path) -> bool:
     # a cold temporary server migrates its SQLite database first: slow machines need more than 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_HOME", str(ensure_state_dirs(state_dir)))
-    ensure_state_dirs(state_dir)
     if os.environ.get("PREFECT_API_URL"):
         return True
     info = Path(os.environ["PREFECT_HOME"]) / "server.json"
