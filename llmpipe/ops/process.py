@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -515,9 +515,7 @@ def _end(watch: _Watch, grace: float) -> None:
     if not left:
         return
     _say(f"pid {watch.parent} ended; stopping what it left running: {_describe(left)}")
-    for p in left.values():
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
+    _signal_each(left, psutil.Process.terminate)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         time.sleep(0.1)
@@ -529,10 +527,15 @@ def _end(watch: _Watch, grace: float) -> None:
         if not left:
             return
         _say(f"SIGKILL for what still runs {grace:.0f} s after SIGTERM: {_describe(left)}")
-        for p in left.values():
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        _signal_each(left, psutil.Process.kill)
         psutil.wait_procs(list(left.values()), timeout=2)
+
+
+def _signal_each(procs: dict[int, psutil.Process], send: Callable[[psutil.Process], None]) -> None:
+    """``send`` (terminate or kill) to each process; one that is already gone is skipped."""
+    for p in procs.values():
+        with contextlib.suppress(psutil.Error):
+            send(p)
 
 
 def _guardian_main(argv: list[str]) -> int:
