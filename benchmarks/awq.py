@@ -43,13 +43,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from llmpipe.evaluation import toy
     from llmpipe.evaluation.data import load_sequences
     from llmpipe.evaluation.metrics import evaluate_model, token_byte_lengths
     from llmpipe.evaluation.model_io import checkpoint_bytes, load_model, load_tokenizer
     from llmpipe.quantization.awq import awq_quantize, calibration_dataset, rtn_quantize_
     from llmpipe.quantization.config import QuantizeConfig
     from llmpipe.quantization.stage import calibration_sample
+    from tests.fixtures import toy_model as toy
 
     size = dict(SIZES[args.size])
     if args.steps:

@@ -91,8 +91,8 @@ def main() -> None:
     ap.add_argument("--reruns", type=int, default=3, help="no-change reruns with the server (median counts)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    from flows import ops
-    from llmpipe.ops import free_port
+    from flows import prefect_ops
+    from llmpipe.processes import free_port
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -100,7 +100,7 @@ def main() -> None:
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         base_env.pop("PREFECT_API_URL", None)
         port = free_port()
-        server = ops.start_server(tmp / "server-state", port=port, timeout=300,
+        server = prefect_ops.start_server(tmp / "server-state", port=port, timeout=300,
                                   extra_env={"PREFECT_HOME": str(tmp / "server-home")})
         env = {**base_env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
         try:

@@ -181,14 +181,15 @@ def cpu_seconds() -> float:
 # -- our side (a child process of this script) ----------------------------------------------------------
 
 def _run_stage(name: str, cfg: Any, inputs: dict[str, Path], store: Any, work: Path) -> Path:
-    """One registered stage, called the way the runner calls it (one in-process shard worker)."""
-    from llmpipe.stage import STAGES, LocalRunner, StageContext
+    """One registered stage, called the way the DAG calls it (one in-process shard worker)."""
+    from llmpipe.executor import LocalExecutor
+    from llmpipe.stage import STAGES, StageContext
 
     out = work / name
     out.mkdir(parents=True)
     ctx = StageContext(spec=STAGES[name], config=cfg, pipeline=None, key=f"bench-{name}", out=out,
                        inputs=inputs, input_keys={k: "bench" for k in inputs}, store=store,
-                       runner=LocalRunner(1))
+                       executor=LocalExecutor(1))
     STAGES[name].fn(ctx)
     return out
 

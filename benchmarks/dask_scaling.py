@@ -47,31 +47,31 @@ def make_corpus(root: Path, docs: int, shards: int, seed: int = 0) -> None:
 def run_once(corpus: Path, store: Path, workers: int, docs_per_shard: int) -> tuple[int, float, dict[str, str]]:
     """(ingested docs, curation seconds, stage -> key) with shard jobs on ``workers`` Dask workers."""
     from llmpipe.config import load_config
-    from llmpipe.runner import execute, open_store, plan
-    from llmpipe.runners_dask import DaskRunner, close_local_clusters
+    from llmpipe.dag import execute, open_store, plan
+    from llmpipe.executor_dask import DaskExecutor, close_local_clusters
 
     cfg = load_config(None, data={
         "name": "dask-bench", "store": str(store), "state_dir": str(store.parent / "state"),
         "sources": [{"name": "bench", "path": str(corpus), "format": "jsonl"}],
         "ingest": {"max_docs_per_shard": docs_per_shard},
-        "runner": {"kind": "dask", "dask_workers": workers, "dask_threads_per_worker": 1},
+        "executor": {"kind": "dask", "dask_workers": workers, "dask_threads_per_worker": 1},
     })
     st = open_store(cfg)
     planned = plan(cfg)
-    runner = DaskRunner.from_config(cfg.runner)
-    runner.map(abs, list(range(workers * 4)))  # start the cluster before timing
+    executor = DaskExecutor.from_config(cfg.executor)
+    executor.map(abs, list(range(workers * 4)))  # start the cluster before timing
     arts, seconds, keys = {}, 0.0, {}
     try:
         for name in ("ingest", *CURATION):
             ps = planned[name]
             t0 = time.perf_counter()
-            art, ran, _ = execute(cfg, st, ps, {d: arts[d] for d in ps.spec.inputs}, runner=runner)
+            art, ran, _ = execute(cfg, st, ps, {d: arts[d] for d in ps.spec.inputs}, executor=executor)
             if name in CURATION:
                 seconds += time.perf_counter() - t0
             assert ran, f"{name} was cached in a fresh store"
             arts[name], keys[name] = art, ps.key
     finally:
-        runner.close()
+        executor.close()
         close_local_clusters()
     ingested = int(arts["ingest"].stats.get("ingested") or arts["ingest"].stats.get("docs") or 0)
     return ingested, seconds, keys

@@ -60,7 +60,8 @@ def child(corpus: str, backend: str, budget: float, store: str) -> None:
     import llmpipe.curation.dedup.stage  # noqa: F401
     from llmpipe.curation.config import DedupConfig
     from llmpipe.curation.dedup.minhash import signatures
-    from llmpipe.stage import STAGES, LocalRunner, StageContext
+    from llmpipe.executor import LocalExecutor
+    from llmpipe.stage import STAGES, StageContext
     from llmpipe.store import ArtifactStore
 
     signatures(["warm up the kernel"])
@@ -70,7 +71,7 @@ def child(corpus: str, backend: str, budget: float, store: str) -> None:
     out = Path(store) / "out"
     out.mkdir()
     ctx = StageContext(spec=STAGES["dedup"], config=cfg, pipeline=None, key=f"bench-{backend}", out=out,
-                       inputs={"safety": Path(corpus)}, input_keys={"safety": "x"}, store=st, runner=LocalRunner(1))
+                       inputs={"safety": Path(corpus)}, input_keys={"safety": "x"}, store=st, executor=LocalExecutor(1))
     t = time.perf_counter()
     stats = STAGES["dedup"].fn(ctx)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -10,7 +10,7 @@ One run, same data, the real ``dedup`` stage and store:
 3. the full run: the same base + new shards deduped in an empty store B (no previous artifact, no
    shard cache).
 
-Both timed steps are what the runner does for a stage: the stage function, then ``publish`` (which
+Both timed steps are what the DAG does for a stage: the stage function, then ``publish`` (which
 hashes every file). Times are CPU seconds of the process (one in-process shard worker, so no child
 processes), wall seconds are printed beside. The refresh's decisions must equal the full run's.
 
@@ -68,8 +68,9 @@ import llmpipe.curation.dedup.stage  # noqa: E402,F401  (registers the stage)
 from llmpipe.curation.config import DedupConfig, RedisSettings  # noqa: E402
 from llmpipe.curation.dedup.minhash import signatures  # noqa: E402
 from llmpipe.document import Document, iter_documents, shard_paths  # noqa: E402
-from llmpipe.ops.process import redis_server  # noqa: E402
-from llmpipe.stage import STAGES, LocalRunner, StageContext  # noqa: E402
+from llmpipe.executor import LocalExecutor
+from llmpipe.processes import redis_server  # noqa: E402
+from llmpipe.stage import STAGES, StageContext  # noqa: E402
 from llmpipe.store import Artifact, ArtifactStore, hash_json  # noqa: E402
 
 SHARD_DOCS = 5000
@@ -111,7 +112,7 @@ def _no_cpu() -> float:
 
 def run_dedup(store: ArtifactStore, inp: Artifact, cfg: DedupConfig,
               extra_cpu: Callable[[], float] = _no_cpu) -> tuple[Artifact, dict[str, float]]:
-    """The registered stage + publish, as the runner does it; (artifact, {cpu, wall, stage_cpu}).
+    """The registered stage + publish, as the DAG does it; (artifact, {cpu, wall, stage_cpu}).
 
     ``extra_cpu``: CPU seconds of a helper process doing part of the work (the Redis server).
     An untimed ``gc.collect()`` first, so no garbage of an earlier step (e.g. a ``MinHashLSH``,
@@ -123,7 +124,7 @@ def run_dedup(store: ArtifactStore, inp: Artifact, cfg: DedupConfig,
     c0, w0 = time.process_time(), time.perf_counter()
     tmp = store.new_tmp_dir("dedup", key)
     ctx = StageContext(spec=spec, config=cfg, pipeline=None, key=key, out=tmp, inputs={"safety": inp.path},
-                       input_keys={"safety": inp.key}, store=store, runner=LocalRunner(1))
+                       input_keys={"safety": inp.key}, store=store, executor=LocalExecutor(1))
     stats = spec.fn(ctx)
     c1, x1 = time.process_time(), extra_cpu()
     art = store.publish("dedup", key, tmp, version=spec.version, config=cfg.key_dict(),

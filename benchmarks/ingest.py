@@ -49,9 +49,9 @@ def make_corpus(path: Path, mb: int, seed: int = 0) -> int:
 
 def ours(path: Path, work: Path, workers: int) -> int:
     from llmpipe.config import load_config
-    from llmpipe.runner import run_pipeline
+    from llmpipe.dag import run_pipeline
 
-    cfg = load_config(None, [f"store={work / 'store'}", f"state_dir={work / 'state'}", f"runner.workers={workers}"],
+    cfg = load_config(None, [f"store={work / 'store'}", f"state_dir={work / 'state'}", f"executor.workers={workers}"],
                       data={"sources": [{"name": "bench", "path": str(path)}]})
     (run,) = run_pipeline(cfg, until="ingest")
     return run.stats["ingested"]

@@ -3,7 +3,7 @@
 The tiny preset (configs/tiny.yaml) plus one JSONL folder source runs three times into one fresh
 store: cold; again with nothing changed (every stage reused); again after a new file with 1% more
 documents lands in the folder (only new shards and the stages downstream of changed inputs run).
-Each run is ``llmpipe.runner.run_pipeline`` in this process (imports excluded). The baseline is the
+Each run is ``llmpipe.dag.run_pipeline`` in this process (imports excluded). The baseline is the
 cold run; goals: rerun < 5% and refresh < 20% of it.
 
     .venv/bin/python benchmarks/lifecycle.py [--docs 400] [--flow lifecycle] [overrides ...]
@@ -41,7 +41,7 @@ def write_docs(path: Path, n: int, start: int, seed: int) -> None:
 
 
 def timed_run(cfg, flow: str) -> tuple[float, list]:
-    from llmpipe.runner import run_pipeline
+    from llmpipe.dag import run_pipeline
 
     t0 = time.perf_counter()
     runs = run_pipeline(cfg, flow)

@@ -22,7 +22,7 @@ from llmpipe.serving.config import DeployConfig  # noqa: E402
 from llmpipe.serving.loadtest import load_test  # noqa: E402
 from llmpipe.serving.repository import write_model_repository  # noqa: E402
 from llmpipe.serving.server import serve  # noqa: E402
-from llmpipe.serving.tiny import make_tiny_checkpoint  # noqa: E402
+from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Does the default run teach the model something? Held-out bpb of the tiny model ÷ a unigram model's (issue 15).
 
 A cold tiny lifecycle (configs/tiny.yaml, the built-in corpus) on a fresh temporary store, run with
-the library runner (``llmpipe.runner.run_pipeline``) one stage at a time so that each stage's wall
+the library DAG (``llmpipe.dag.run_pipeline``) one stage at a time so that each stage's wall
 time and CPU time (this process and its children: the shard pools, the torchrun workers) are
 measured; the machine may be shared, so CPU time is the steadier figure. The evaluate stage scores
 the model and a unigram model of the train split's tokens (add-one smoothing) on the same held-out
@@ -45,7 +45,7 @@ def cpu_seconds() -> float:
 
 def run_stages(cfg: Any, stages: list[str]) -> list[tuple[str, float, float, Any]]:
     """(stage, wall s, CPU s, run) of each stage, run one at a time on the config's store."""
-    from llmpipe.runner import run_pipeline
+    from llmpipe.dag import run_pipeline
 
     rows = []
     for name in stages:
@@ -73,7 +73,7 @@ def config(tmp: Path, overrides: list[str]) -> Any:
 
 def cold_run(overrides: list[str]) -> tuple[dict[str, Any], Path]:
     """One cold lifecycle in a new temporary folder: prints per-stage times, returns the model's quality."""
-    from llmpipe.runner import plan
+    from llmpipe.dag import plan
 
     tmp = Path(tempfile.mkdtemp(prefix="llmpipe-tiny-vs-unigram-"))
     cfg = config(tmp, overrides)

@@ -9,7 +9,7 @@ whole ``tokenize`` stage on the same texts stored as Parquet shards: read the sh
 encode, append EOS, mix, pack into fixed-length uint16 sequence shards with their index, on a fresh
 store (no cache). The metric is the ratio of tokens per second (document tokens, EOS not counted).
 
-By default ours runs as the pipeline does (``runner.workers: 2``: shard pieces encoded on two threads
+By default ours runs as the pipeline does (``executor.workers: 2``: shard pieces encoded on two threads
 that share one tokenizer) and the baseline uses every core through the tokenizers thread pool.
 ``--workers 1`` runs ours one piece after another (each call on the tokenizers thread pool). Ours
 runs in this process either way, so its CPU time covers all its work: the tokens-per-CPU-second
@@ -38,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from llmpipe.document import Document, write_shard  # noqa: E402
-from llmpipe.stage import STAGES, LocalRunner, StageContext  # noqa: E402
+from llmpipe.executor import LocalExecutor
+from llmpipe.stage import STAGES, StageContext  # noqa: E402
 from llmpipe.store import ArtifactStore  # noqa: E402
 from llmpipe.tokenization.config import TokenizeConfig, TokenizerConfig  # noqa: E402
-from llmpipe.tokenization.pack import run_tokenize  # noqa: E402
+from llmpipe.tokenization.stage import run_tokenize  # noqa: E402
 from llmpipe.tokenization.tokenizer import load_for_encoding, save, train_bpe, wrap  # noqa: E402
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
@@ -86,7 +87,7 @@ def ours(root: Path, run: int, src: Path, tok_dir: Path, workers: int) -> tuple[
     ctx = StageContext(spec=STAGES["tokenize"], config=TokenizeConfig(seq_len=1024, val_fraction=0.01),
                        pipeline=None, key="bench", out=out, inputs={"augment": src, "tokenizer": tok_dir},
                        input_keys={"augment": "a", "tokenizer": "t"}, store=ArtifactStore(root / f"store-{run}"),
-                       runner=LocalRunner(workers))
+                       executor=LocalExecutor(workers))
     t0, c0 = time.perf_counter(), time.process_time()
     stats = run_tokenize(ctx)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -97,7 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=20000)
     ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=2, help="shard processes for ours (runner.workers)")
+    ap.add_argument("--workers", type=int, default=2, help="shard processes for ours (executor.workers)")
     ap.add_argument("--repeat", type=int, default=5, help="best of N runs per side (interleaved)")
     args = ap.parse_args()
     docs = make_docs(args.docs)

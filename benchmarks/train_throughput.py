@@ -1,6 +1,6 @@
 """Trainer overhead and DDP scaling on this machine (CPU, fp32).
 
-1. Our trainer (``llmpipe.training.worker.Trainer``, one process) vs a minimal hand-written torch loop
+1. Our trainer (``llmpipe.training.trainer.Trainer``, one process) vs a minimal hand-written torch loop
    (forward, backward, clip, AdamW step) on the same model, batches, sequence length and dtype, in
    one run. Goal: tokens/s ratio >= 0.95.
 2. The same trainer under torchrun: 2 processes (DDP, 1 thread each) vs 1 process (2 threads).
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from llmpipe.training.config import TrainConfig  # noqa: E402
 from llmpipe.training.data import GlobalOrder, batch, open_packed, write_npy_fixture  # noqa: E402
 from llmpipe.training.launch import launch  # noqa: E402
-from llmpipe.training.worker import Trainer  # noqa: E402
+from llmpipe.training.trainer import Trainer  # noqa: E402
 
 VOCAB = 2048
 

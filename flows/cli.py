@@ -77,7 +77,7 @@ def use_project_prefect(state_dir: str | Path) -> bool:
 
 def _preflight(cfg: PipelineConfig, args: argparse.Namespace) -> None:
     """Everything that can be checked from the config and the file system, before Prefect starts."""
-    from llmpipe.runner import check_extras, check_stage_range
+    from llmpipe.dag import check_extras, check_stage_range
     from llmpipe.sources import check_sources
 
     check_stage_range(args.from_stage, args.until)  # unknown --from/--until: exit 2
@@ -87,7 +87,7 @@ def _preflight(cfg: PipelineConfig, args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from llmpipe import console as console_mod
-    from llmpipe.runner import state_dir
+    from llmpipe.dag import state_dir
 
     cfg = _load(args)  # bad config: exit 2 before any work
     _preflight(cfg, args)
@@ -96,13 +96,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     _configure_logging(args.verbose)
     console.say(f"llmpipe run {args.config}: {args.flow}; logs in {_shown(console.log_dir)}/")
     if args.no_prefect:
-        from llmpipe.runner import run_pipeline
+        from llmpipe.dag import run_pipeline
 
         rows = [{"stage": r.stage, "key": r.key[:12], "status": "ran" if r.ran else "cached",
                  "seconds": round(r.seconds, 2)} for r in run_pipeline(cfg, args.flow, args.from_stage, args.until)]
     else:
         if not use_project_prefect(cfg.state_dir):
-            from llmpipe.ops.process import guard
+            from llmpipe.processes import guard
 
             guard()  # Prefect's temporary server is a child of this process: it ends with the run, killed or not
             console.say("Prefect: no `llmpipe server` for this project, starting a temporary server for this "
@@ -122,7 +122,7 @@ def _shown(path: Path) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from llmpipe.runner import open_store, plan
+    from llmpipe.dag import open_store, plan
 
     cfg = _load(args)
     store = open_store(cfg)
@@ -147,7 +147,7 @@ def cmd_stages(args: argparse.Namespace) -> int:
 
 
 def _store_from(args: argparse.Namespace) -> Any:
-    from llmpipe.runner import open_store
+    from llmpipe.dag import open_store
 
     cfg = load_config(args.config, []) if args.config else load_config(None, [f"store={args.store}"])
     return open_store(cfg)
@@ -207,23 +207,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     ensure_state_dirs(args.state_dir)
-    from flows import ops
+    from flows import prefect_ops
 
-    return int(ops.server(state_dir=args.state_dir, port=args.port) or 0)
+    return int(prefect_ops.server(state_dir=args.state_dir, port=args.port) or 0)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     ensure_state_dirs(args.state_dir)
-    from flows import ops
+    from flows import prefect_ops
 
-    return int(ops.worker(args.pool, state_dir=args.state_dir) or 0)
+    return int(prefect_ops.worker(args.pool, state_dir=args.state_dir) or 0)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     ensure_state_dirs(args.state_dir)
-    from flows import ops
+    from flows import prefect_ops
 
-    result = ops.deploy(state_dir=args.state_dir, timezone=args.timezone)
+    result = prefect_ops.deploy(state_dir=args.state_dir, timezone=args.timezone)
     if result is not None:
         print(json.dumps(result, indent=1, default=str) if not isinstance(result, str) else result)
     return EXIT_OK
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None, process: bool = False) -> int:
 def _failure(e: BaseException) -> str:
     """One line for a failed run: the stage and its error (not Prefect's wrappers), and the stage's log."""
     from llmpipe import console
-    from llmpipe.runner import MissingInput, StageFailed
+    from llmpipe.dag import MissingInput, StageFailed
 
     err: BaseException | None = e
     while err is not None and not isinstance(err, (StageFailed, MissingInput)):

@@ -21,7 +21,7 @@ from prefect.utilities.annotations import quote
 
 from llmpipe import console
 from llmpipe.config import load_config
-from llmpipe.runner import check_extras, open_store, plan, resolve_upstream, select, summarize_stats
+from llmpipe.dag import check_extras, open_store, plan, resolve_upstream, select, summarize_stats
 from llmpipe.store import Artifact
 from tasks.stages import (
     latest_descriptions,

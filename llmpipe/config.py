@@ -60,7 +60,7 @@ class IngestConfig(Section):
     chunk_mb: float = Field(16, gt=0, description="uncompressed JSONL files are split into chunks of this size")
 
 
-class RunnerConfig(Section):
+class ExecutorConfig(Section):
     """How shard-level work runs. None of it changes what the stages produce (not in any key)."""
 
     kind: Literal["local", "dask"] = Field("local", description="shard-level work on a local process pool "
@@ -79,7 +79,7 @@ class PipelineConfig(Section):
     state_dir: str = Field(".llmpipe", description="local state: Prefect home, source hash cache, "
                            "built-in corpus, remote-store cache")
     sources: list[SourceConfig] = Field(default_factory=list, description="the raw inputs, at least one (keys of each entry: sources[].*)")
-    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     langid: LangIdConfig = Field(default_factory=LangIdConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
@@ -155,6 +155,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+# keys an earlier release used -> where they live now (a config written for it gets the new name)
+RENAMED_KEYS: dict[str, str] = {"runner": "executor"}
+
+
 def _format_errors(origin: str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -162,7 +166,9 @@ def _format_errors(origin: str, err: ValidationError) -> str:
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and loc in RENAMED_KEYS:
+            msg = f"renamed to {RENAMED_KEYS[loc]!r} (same keys below it)"
+        elif e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the config reference in README.md)"
         elif "input" in e and e["type"] not in ("missing",) and "got" not in msg:
             msg = f"{msg}, got {e['input']!r}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmpipe.stage import lazy_import
+from llmpipe.lazy import lazy_import
 from llmpipe.store import MANIFEST, sha256_file
 
 # pyarrow loads on first use: every ``llmpipe`` command imports this module to learn the DAG

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.document import REJECTED, SHARD_GLOB, SHARDS
-from llmpipe.stage import lazy_import
+from llmpipe.lazy import lazy_import
 
 pq = lazy_import("pyarrow.parquet")
 
@@ -91,7 +91,7 @@ def check_stage(stage: str) -> None:
 def export_stage(cfg: Any, stage: str, to: str | Path, fmt: str = "parquet", rejected: bool = False,
                  config_ref: str = "CONFIG") -> ExportResult:
     """Export ``stage``'s artifact for ``cfg``'s current plan; ``config_ref`` spells the config in the hint."""
-    from llmpipe.runner import open_store, plan
+    from llmpipe.dag import open_store, plan
 
     check_stage(stage)
     check_format(fmt)

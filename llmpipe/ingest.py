@@ -39,8 +39,9 @@ from llmpipe.document import (
     write_shard,
     write_table,
 )
+from llmpipe.files import link_file
 from llmpipe.sources import HashCache, source_files
-from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
 # 2: sha256 ids; snappy shards, dictionary only on the source column. 3: nested fields and every
@@ -734,7 +735,13 @@ def _import_for_workers() -> None:
     import pyarrow.parquet  # noqa: F401
 
 
-@stage("ingest", version=VERSION, config_field="ingest", flow="data_refresh")
+def plan_sources(pipeline: Any, state_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """The stage's ``plan_inputs``: each source's content key, and the files to read (``ctx.extra``)."""
+    files, keys = plan_inputs(pipeline, state_dir)
+    return keys, {"files": files}
+
+
+@stage("ingest", version=VERSION, config_field="ingest", flow="data_refresh", plan_inputs=plan_sources)
 def run_ingest(ctx: StageContext) -> dict[str, Any]:
     """Read every declared source into normalized Document shards; quarantine bad records."""
     units = ctx.extra["files"]

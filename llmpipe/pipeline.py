@@ -19,7 +19,7 @@ STAGE_MODULES = [
     "llmpipe.curation.dedup.stage",  # exact + MinHash LSH dedup
     "llmpipe.curation.augment.stage",  # synonym, masked LM, back-translation, restructure, templates
     "llmpipe.tokenization.tokenizer",  # byte-level BPE train or load
-    "llmpipe.tokenization.pack",  # tokenize: encode, split, mix, pack
+    "llmpipe.tokenization.stage",  # tokenize: encode, split, mix, pack
     "llmpipe.training.stage",  # pretrain: torchrun / DeepSpeed workers
     "llmpipe.evaluation.stage",  # evaluate: ppl, bits/byte, accuracy, samples, regression table
     "llmpipe.quantization.stage",  # quantize: AWQ W4 / int8 dynamic behind the quality gate
@@ -27,7 +27,7 @@ STAGE_MODULES = [
 ]
 
 
-# pyproject.toml's extras per stage family -> the top-level modules each provides (tests/unit/backbone/
+# pyproject.toml's extras per stage family -> the top-level modules each provides (tests/unit/
 # test_extras.py keeps the two in step). A module in several extras is named by the stage's own extra
 # or one already named for that stage when it provides it, else by the first extra here that does.
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -83,13 +83,13 @@ def extra_of(module: str, preferred: Iterable[str | None] = ()) -> str:
 def missing_extras(specs: Iterable[StageSpec], cfg: Any) -> None:
     """Raise :class:`MissingExtra` when a stage in ``specs`` (run with config ``cfg``) lacks a module.
 
-    Only these stages are checked: ``--until dedup`` on a curation-only install passes. A Dask runner
-    (``runner.kind: dask``) needs the ``[dask]`` extra whatever the stages.
+    Only these stages are checked: ``--until dedup`` on a curation-only install passes. A Dask executor
+    (``executor.kind: dask``) needs the ``[dask]`` extra whatever the stages.
     """
     needs: list[tuple[str, tuple[str, ...], str | None]] = [
         (f"stage {s.name!r}", s.required_modules(cfg), s.extra) for s in specs]
-    if getattr(getattr(cfg, "runner", None), "kind", None) == "dask":
-        needs.append(("runner.kind: dask", ("distributed",), "dask"))
+    if getattr(getattr(cfg, "executor", None), "kind", None) == "dask":
+        needs.append(("executor.kind: dask", ("distributed",), "dask"))
     missing: dict[str, dict[str, list[str]]] = {}
     for what, modules, extra in needs:
         for m in modules:

@@ -1,7 +1,7 @@
 """The stage contract: a stage is a function of (its config, its input artifacts) -> one directory.
 
 A stage module registers itself with :func:`stage`; adding a stage to the DAG is one import line in
-``llmpipe/pipeline.py``. The runner (``llmpipe.runner`` from plain Python, ``tasks/`` under Prefect)
+``llmpipe/pipeline.py``. The DAG (``llmpipe.dag`` from plain Python, ``tasks/`` under Prefect)
 computes the stage key, builds a :class:`StageContext` whose ``out`` is a temporary directory, calls
 the stage function, and publishes the directory with its manifest. Stage functions never see
 Prefect: they report progress, tables and images through the context.
@@ -9,75 +9,17 @@ Prefect: they report progress, tables and images through the context.
 
 from __future__ import annotations
 
-import gc
-import importlib
 import json
 import logging
-import multiprocessing as mp
-import os
-import shutil
-import sys
-import threading
-import time
-import types
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from llmpipe.executor import LocalExecutor, ShardExecutor
+from llmpipe.shard_cache import DONE, run_shard_job
 
 log = logging.getLogger("llmpipe")
-
-
-class _LazyModule(types.ModuleType):
-    """Stands in for a module until its first attribute is read; then imports it and mirrors it."""
-
-    def __getattr__(self, attr: str) -> Any:
-        mod = importlib.import_module(self.__name__)
-        # copy the namespace so later reads are plain dict hits (hot loops pay nothing after the first)
-        self.__dict__.update({k: v for k, v in vars(mod).items() if k != "__getattr__"})
-        return getattr(mod, attr)
-
-
-def lazy_import(name: str) -> Any:
-    """``np = lazy_import("numpy")``: the import happens when the stage first uses ``np``, not on import.
-
-    Every ``llmpipe`` command (``status``, a cached rerun) imports all stage modules to learn the DAG;
-    a stage module that imports torch, numba or pyarrow at the top would make each of them pay seconds
-    for libraries only a running stage needs. Already imported modules are returned as they are.
-    """
-    return sys.modules.get(name) or _LazyModule(name)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside the block (restored as it was after).
-
-    For code that creates very many long-lived or acyclic containers: imports of large libraries,
-    unpickling an LSH index, per-token work on millions of small objects. The collector's repeated
-    passes over the growing heap find nothing to free there; reference counting still frees
-    everything that is dropped.
-    """
-    global _GC_PAUSES, _GC_WAS_ENABLED
-    with _GC_LOCK:  # threads may pause at once: the first in disables, the last out restores
-        if _GC_PAUSES == 0:
-            _GC_WAS_ENABLED = gc.isenabled()
-            gc.disable()
-        _GC_PAUSES += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_PAUSES -= 1
-            if _GC_PAUSES == 0 and _GC_WAS_ENABLED:
-                gc.enable()
-
-
-_GC_LOCK = threading.Lock()
-_GC_PAUSES = 0
-_GC_WAS_ENABLED = True
 
 
 FLOWS = ("data_refresh", "pretrain", "release")
@@ -98,6 +40,9 @@ class StageSpec:
     # top-level modules it imports beyond the core install, or pipeline config -> those modules
     requires: tuple[str, ...] | Callable[[Any], Sequence[str]] = ()
     extra: str | None = None  # the pip extra of its stage family (llmpipe.pipeline.EXTRAS)
+    # a stage that reads from outside the store (ingest): (pipeline config, state dir) ->
+    # (its input keys, e.g. each source's content hash; facts for the run, in ctx.extra)
+    plan_inputs: Callable[[Any, Path], tuple[dict[str, str], dict[str, Any]]] | None = None
 
     def required_modules(self, pipeline: Any) -> tuple[str, ...]:
         """What this stage imports when it runs with ``pipeline`` (a PipelineConfig)."""
@@ -118,6 +63,7 @@ def stage(
     enabled: Callable[[Any], bool] | None = None,
     requires: Sequence[str] | Callable[[Any], Sequence[str]] = (),
     extra: str | None = None,
+    plan_inputs: Callable[[Any, Path], tuple[dict[str, str], dict[str, Any]]] | None = None,
 ) -> Callable[[Callable[[StageContext], dict[str, Any]]], Callable[[StageContext], dict[str, Any]]]:
     """Register a stage function. ``inputs`` name upstream stages; their artifacts arrive in ctx.inputs.
 
@@ -125,6 +71,10 @@ def stage(
     the pipeline config where that depends on the config, e.g. a backend); ``extra`` is the pip extra
     of its family. A run checks them for the stages it selects, before any work
     (``llmpipe.pipeline.missing_extras``), instead of failing at the first import mid-run.
+
+    ``plan_inputs``: for a stage whose inputs are outside the store (ingest reads the sources). The
+    planner calls it instead of taking upstream keys: it returns the stage's input keys (content
+    hashes, so the stage key changes when the data does) and facts the run needs (``ctx.extra``).
     """
     if flow not in FLOWS:
         raise ValueError(f"stage {name!r}: flow must be one of {FLOWS}, got {flow!r}")
@@ -134,68 +84,11 @@ def stage(
             name=name, version=version, inputs=tuple(inputs), config_field=config_field or None,
             flow=flow, fn=fn, description=(fn.__doc__ or "").strip().split("\n")[0], enabled=enabled,
             requires=requires if callable(requires) else tuple(requires), extra=extra,
+            plan_inputs=plan_inputs,
         )
         return fn
 
     return deco
-
-
-class ShardRunner(Protocol):
-    """Runs a picklable top-level function over items; local processes by default, Dask when configured."""
-
-    workers: int
-
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
-        """Results in item order; ``on_done(finished_count)`` is called as items finish.
-
-        ``threads``: ``fn`` spends its time outside the GIL (native code that releases it), so a
-        local runner may run the items on threads of this process instead of worker processes.
-        """
-        ...
-
-
-class LocalRunner:
-    """A process pool over shards; ``workers == 1`` runs in-process (no pickling, easy to debug).
-
-    Work that releases the GIL (``map(..., threads=True)``) runs on a thread pool instead: the
-    threads share what the process has loaded (a tokenizer's tables and caches) and pay no fork.
-    """
-
-    def __init__(self, workers: int = 1) -> None:
-        self.workers = max(1, int(workers))
-
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
-        items = list(items)
-        if self.workers == 1 or len(items) <= 1:
-            out = []
-            for x in items:
-                out.append(fn(x))
-                if on_done is not None:
-                    on_done(len(out))
-            return out
-        n = min(self.workers, len(items))
-        if threads:
-            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llmpipe-shard") as tpool:
-                return _in_order(tpool, fn, items, on_done)
-        # one pool for every item: a fresh worker pays its warm-up once, not once per batch
-        from llmpipe.ops.process import guard
-
-        guard()  # its workers end with this process even if it is killed (they would wait forever)
-        ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-            return _in_order(pool, fn, items, on_done)
-
-
-def _in_order(pool: Executor, fn: Callable[[Any], Any], items: list[Any],
-              on_done: Callable[[int], None] | None) -> list[Any]:
-    """Submit every item; report each finish; results in item order (the first error raises)."""
-    futures = [pool.submit(fn, x) for x in items]
-    for done, _ in enumerate(as_completed(futures), 1):
-        if on_done is not None:
-            on_done(done)
-    return [f.result() for f in futures]
 
 
 @dataclass
@@ -223,11 +116,11 @@ class StageContext:
     inputs: dict[str, Path]
     input_keys: dict[str, str]
     store: Any  # llmpipe.store.ArtifactStore
-    runner: ShardRunner = field(default_factory=LocalRunner)
+    executor: ShardExecutor = field(default_factory=LocalExecutor)
     log: logging.Logger = field(default_factory=lambda: log)
     reports: list[Report] = field(default_factory=list)
     on_progress: Callable[[str, int, int], None] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # runner-provided facts (e.g. ingest's files)
+    extra: dict[str, Any] = field(default_factory=dict)  # planner-provided facts (e.g. ingest's files)
 
     @property
     def name(self) -> str:
@@ -235,12 +128,12 @@ class StageContext:
 
     @property
     def workers(self) -> int:
-        return self.runner.workers
+        return self.executor.workers
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
             on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
-        """Run ``fn`` over items on the shard runner (process pool or Dask); ``threads``: see ShardRunner."""
-        return self.runner.map(fn, items, on_done, threads=threads)
+        """Run ``fn`` over items on the shard executor (process pool or Dask); ``threads``: see ShardExecutor."""
+        return self.executor.map(fn, items, on_done, threads=threads)
 
     def progress(self, desc: str, done: int, total: int) -> None:
         if self.on_progress is not None:
@@ -293,22 +186,19 @@ class StageContext:
         ``shard_key`` must hash everything the shard's output depends on (stage version, key config,
         the input shard's content). Results are written to a temporary sibling and renamed, so a
         killed run leaves nothing that a later run trusts. Returns ``(shard_dir, stats)`` per item.
-        ``threads``: ``fn`` releases the GIL for its heavy work (see :meth:`ShardRunner.map`).
+        ``threads``: ``fn`` releases the GIL for its heavy work (see :meth:`ShardExecutor.map`).
         """
-        todo = [(k, a) for k, a in items if not (self.shard_dir(k) / _DONE).exists()]
+        todo = [(k, a) for k, a in items if not (self.shard_dir(k) / DONE).exists()]
         self.log.info("%s: %d shards, %d cached, %d to compute", self.name, len(items),
                       len(items) - len(todo), len(todo))
         if todo:
             jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
-            self.map(_run_shard_job, jobs, lambda n: self.progress(desc, n, len(jobs)), threads=threads)
+            self.map(run_shard_job, jobs, lambda n: self.progress(desc, n, len(jobs)), threads=threads)
         results = []
         for k, _a in items:
             d = self.shard_dir(k)
-            results.append((d, json.loads((d / _DONE).read_text())))
+            results.append((d, json.loads((d / DONE).read_text())))
         return results
-
-
-_DONE = "_DONE.json"
 
 
 def stats_rows(stats: dict[str, Any], fields: Sequence[str]) -> list[dict[str, Any]]:
@@ -322,25 +212,3 @@ def stats_rows(stats: dict[str, Any], fields: Sequence[str]) -> list[dict[str, A
     return rows
 
 
-def _run_shard_job(job: tuple[Callable[[Any, Path], dict[str, Any]], Any, str]) -> None:
-    fn, arg, final = job
-    final_path = Path(final)
-    tmp = final_path.parent / f".tmp-{final_path.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    stats = fn(arg, tmp) or {}
-    stats.setdefault("seconds", round(time.perf_counter() - t0, 4))
-    (tmp / _DONE).write_text(json.dumps(stats, sort_keys=True))
-    try:
-        os.rename(tmp, final_path)
-    except OSError:  # another worker finished the same shard first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def link_file(src: Path, dst: Path) -> None:
-    """Place ``src`` at ``dst`` without copying bytes when the filesystem allows (hard link)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)

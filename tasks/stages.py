@@ -29,7 +29,7 @@ from prefect.utilities.annotations import quote
 
 from llmpipe import console
 from llmpipe.config import PipelineConfig
-from llmpipe.runner import REPORTS, PlannedStage, StageFailed, execute, make_shard_runner, open_store
+from llmpipe.dag import REPORTS, PlannedStage, StageFailed, execute, make_executor, open_store
 from llmpipe.stage import STAGES, stats_rows
 from llmpipe.store import Artifact
 
@@ -94,8 +94,8 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
             update_progress_artifact(progress_id, progress=100.0 * done / total, description=f"{stage}: {desc}")
 
     with console.stage_output(stage):  # `llmpipe run`: everything the stage prints goes to its log file
-        runner = make_shard_runner(cfg)
-        art, ran, seconds = execute(cfg, store, ps, arts, runner=runner, logger=logger, on_progress=on_progress)
+        executor = make_executor(cfg)
+        art, ran, seconds = execute(cfg, store, ps, arts, executor=executor, logger=logger, on_progress=on_progress)
     for bar in bars.values():
         bar.close()
     update_progress_artifact(progress_id, progress=100.0)

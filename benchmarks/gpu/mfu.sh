@@ -16,7 +16,7 @@ import torch
 from llmpipe.training.config import TrainConfig
 from llmpipe.training.data import write_npy_fixture
 from llmpipe.training.model import build_model, device_peak_flops, flops_per_token
-from llmpipe.training.worker import Trainer
+from llmpipe.training.trainer import Trainer
 
 assert torch.cuda.is_available(), "needs a GPU"
 steps, seq = int(os.environ["STEPS"]), int(os.environ["SEQ"])

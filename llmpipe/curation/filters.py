@@ -44,6 +44,16 @@ class Filter:
     def set_scores(self, doc: Document, scores: dict[str, Any]) -> None:
         doc.metadata.setdefault("scores", {})[self.name] = scores
 
+    def stat_update(self, key: str, value: int = 1) -> None:
+        """Count something beyond keep/drop (datatrove's hook): e.g. PII redactions per type.
+
+        The counts land in the stage's funnel under ``stats[<filter name>]``, summed over shards,
+        and the stage reports them as a table; no stage needs to know which filter counted what.
+        """
+        if not hasattr(self, "stats"):
+            self.stats: Counter[str] = Counter()
+        self.stats[key] += value
+
 
 class ScoredFilter(Filter):
     """A filter whose decision is a pure function of stored scores (thresholds re-appliable)."""
@@ -124,12 +134,16 @@ class FilterChain:
             return out
 
     def funnel(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "in": self.n_in,
             "kept": self.n_kept,
             "rejected": dict(sorted(self.reasons.items())),
             "filters": {k: {**v, "seconds": round(v["seconds"], 4)} for k, v in self.per_filter.items()},
         }
+        counted = {f.name: dict(sorted(f.stats.items())) for f in self.filters if getattr(f, "stats", None)}
+        if counted:
+            out["stats"] = counted
+        return out
 
 
 def _batches(docs: Iterable[Document], size: int) -> Iterable[list[Document]]:
@@ -152,7 +166,8 @@ def apply_filters(
 ) -> dict[str, Any]:
     """Filter one shard: kept docs to ``shard_out``, rejected (reason + scores) to ``rejected_out``.
 
-    Returns the funnel: ``{"in", "kept", "rejected": {reason: n}, "filters": {name: {in, out, seconds}}}``.
+    Returns the funnel: ``{"in", "kept", "rejected": {reason: n}, "filters": {name: {in, out, seconds}}}``,
+    plus ``"stats": {filter: {key: n}}`` where a filter counted something (:meth:`Filter.stat_update`).
     Both output files are always written (possibly empty), so downstream stages see one shard per input.
     """
     chain = FilterChain(filters)

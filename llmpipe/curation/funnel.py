@@ -3,7 +3,8 @@
 A funnel is ``{"in", "kept", "rejected": {reason: n}, "filters": {name: {in, out}}}``: the documents
 a stage read, the ones it passed on, and the ones it removed per reason, so ``in == kept +
 sum(rejected)`` always. A stage that adds documents (augment) also writes ``"added": {operator: n}``
-and ``"out" == kept + sum(added)``; safety adds ``"pii": {type: n}``. :func:`report_funnel` checks
+and ``"out" == kept + sum(added)``; what filters count beyond keep/drop (safety's PII redactions per
+type) is ``"stats": {filter: {key: n}}``. :func:`report_funnel` checks
 the sums, writes ``funnel.json`` and ``funnel.png`` into the artifact and reports both to the UI, so
 langid, quality, safety, dedup and augment all look the same to a reader and to a test.
 """
@@ -19,7 +20,7 @@ from typing import Any
 FUNNEL_JSON = "funnel.json"
 FUNNEL_PNG = "funnel.png"
 KEYS = ("in", "kept", "rejected", "filters")  # in every funnel
-OPTIONAL_KEYS = ("added", "out", "pii")  # where the stage adds documents / redacts PII
+OPTIONAL_KEYS = ("added", "out", "stats")  # where the stage adds documents / a filter counted more
 
 
 def check_funnel(funnel: dict[str, Any], where: str = "") -> None:
@@ -45,7 +46,11 @@ def merge_funnels(funnels: Iterable[dict[str, Any]]) -> dict[str, Any]:
             acc = out["filters"].setdefault(name, {"in": 0, "out": 0, "seconds": 0.0})
             for k in acc:
                 acc[k] += s.get(k, 0)
+        for name, counts in f.get("stats", {}).items():
+            out.setdefault("stats", {}).setdefault(name, Counter()).update(counts)
     out["rejected"] = dict(sorted(out["rejected"].items()))
+    if "stats" in out:
+        out["stats"] = {n: dict(sorted(c.items())) for n, c in sorted(out["stats"].items())}
     out["seconds"] = round(out["seconds"], 4)
     for s in out["filters"].values():
         s["seconds"] = round(s["seconds"], 4)

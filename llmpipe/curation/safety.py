@@ -174,13 +174,13 @@ class PiiRedactor(Filter):
     def __init__(self, settings: PiiSettings | None = None) -> None:
         self.s = settings or PiiSettings()
         self.types = set(self.s.types)
-        self.totals: Counter[str] = Counter()  # redactions per type over every doc seen
 
     def filter(self, doc: Document) -> FilterResult:
         doc.text, counts = redact_pii(doc.text, self.types)
         if counts:
             doc.metadata["pii"] = counts
-            self.totals.update(counts)
+            for kind, n in counts.items():
+                self.stat_update(kind, n)  # redactions per type, summed into the stage's funnel
         return True
 
 

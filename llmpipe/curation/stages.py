@@ -19,7 +19,9 @@ from llmpipe.curation.config import LangIdConfig, QualityConfig, SafetyConfig
 from llmpipe.curation.filters import Filter, apply_filters
 from llmpipe.curation.funnel import merge_funnels, report_funnel
 from llmpipe.document import REJECTED, SHARDS, input_shards, write_shard
-from llmpipe.stage import StageContext, lazy_import, link_file, stage
+from llmpipe.files import link_file
+from llmpipe.lazy import lazy_import
+from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
 pq = lazy_import("pyarrow.parquet")  # loaded when a stage runs, not when it registers
@@ -59,12 +61,8 @@ def filter_shard(arg: tuple[str, str, Any], out_dir: Path) -> dict[str, Any]:
     name = Path(shard).name
     if not filters:
         return _pass_through(Path(shard), out_dir, name)
-    funnel = apply_filters(shard, out_dir / SHARDS / name, out_dir / REJECTED / name, filters,
-                           batch_size=cfg.batch_size)
-    pii = [f for f in filters if hasattr(f, "totals")]
-    if pii:
-        funnel["pii"] = dict(pii[0].totals)  # type: ignore[attr-defined]
-    return funnel
+    return apply_filters(shard, out_dir / SHARDS / name, out_dir / REJECTED / name, filters,
+                         batch_size=cfg.batch_size)
 
 
 def _pass_through(shard: Path, out_dir: Path, name: str) -> dict[str, Any]:
@@ -90,21 +88,15 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
         for sub in (SHARDS, REJECTED):
             link_file(d / sub / s.name, ctx.out / sub / s.name)
     funnel = merge_funnels(s for _, s in results)
-    pii: dict[str, int] = {}
-    for _, s in results:
-        for k, v in s.get("pii", {}).items():
-            pii[k] = pii.get(k, 0) + v
-    if kind == "safety":
-        funnel["pii"] = dict(sorted(pii.items()))
     report_funnel(ctx, kind, funnel)
-    if pii:
-        ctx.report_table("safety-pii", "PII redactions per type",
-                         [{"type": k, "count": v} for k, v in sorted(pii.items())])
+    for filter_name, counts in funnel.get("stats", {}).items():  # e.g. safety-pii: redactions per type
+        ctx.report_table(f"{kind}-{filter_name}", f"{kind}: {filter_name} counts",
+                         [{"key": k, "count": v} for k, v in counts.items()])
     ctx.log.info("%s: kept %d of %d (%d shards, %d cached)", kind, funnel["kept"], funnel["in"],
                  len(items), cached)
     return {"docs_in": funnel["in"], "docs_kept": funnel["kept"], "rejected": funnel["rejected"],
             "filters": funnel["filters"], "shards": len(items), "shards_cached": cached,
-            **({"pii": funnel["pii"]} if kind == "safety" else {})}
+            "filter_stats": funnel.get("stats", {})}
 
 
 @stage("langid", version=VERSION, inputs=("ingest",), config_field="langid", flow="data_refresh",
@@ -123,7 +115,8 @@ def run_quality(ctx: StageContext) -> dict[str, Any]:
     return run_filter_stage(ctx, "quality", "langid")
 
 
-@stage("safety", version=VERSION, inputs=("quality",), config_field="safety", flow="data_refresh",
+# safety 3: PII counts through the filters' stat hook: funnel.json's "pii" is now "stats": {"pii": ...}
+@stage("safety", version="3", inputs=("quality",), config_field="safety", flow="data_refresh",
        requires=("regex", "matplotlib"), extra="curation")
 def run_safety(ctx: StageContext) -> dict[str, Any]:
     """Safety: per-language blocklist, PII redaction with per-type counts."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from llmpipe.evaluation.metrics import EvalSequence, Scorer, tally_sequences
-from llmpipe.tokenization.pack import TOKENIZE
+from llmpipe.tokenization.layout import TOKENIZE
 
 SMOOTHING = 1.0  # add-one (Laplace)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from llmpipe.evaluation.metrics import EvalSequence
-from llmpipe.tokenization.pack import TOKENIZE
+from llmpipe.tokenization.layout import TOKENIZE
 
 
 def evenly_spaced(n: int, k: int | None) -> list[int]:

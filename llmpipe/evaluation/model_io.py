@@ -46,7 +46,7 @@ def resolve_device(requested: str) -> torch.device:
 def load_tokenizer(ckpt: Path) -> Any:
     from transformers import AutoTokenizer
 
-    from llmpipe.tokenization.tokenizer import TOKENIZER
+    from llmpipe.tokenization.layout import TOKENIZER
 
     if not (ckpt / TOKENIZER.tokenizer).is_file() and not (ckpt / TOKENIZER.config).is_file():
         raise FileNotFoundError(f"{ckpt}: the checkpoint holds no tokenizer ({TOKENIZER.tokenizer})")

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 from llmpipe.evaluation.config import EvaluateConfig
 from llmpipe.evaluation.layout import EVALUATE
 from llmpipe.evaluation.stage import run_suite
+from llmpipe.files import link_file
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
 from llmpipe.quantization.layout import QUANTIZE
-from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.stage import StageContext, stage
 
 if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, not when it registers
     import numpy as np

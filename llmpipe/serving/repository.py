@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from llmpipe.files import link_file
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.layout import DEPLOY
 from llmpipe.serving.triton_model import CHECKPOINT_DIR, SETTINGS_FILE
-from llmpipe.stage import link_file
 
 TEMPLATE = Path(__file__).with_name("triton_model.py")
 REPO_DIR = DEPLOY.repository

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from llmpipe.ops.process import free_port, interrupt_on, spawn, stop_tree
+from llmpipe.processes import free_port, interrupt_on, spawn, stop_tree
 from llmpipe.serving.repository import REPO_DIR, serving_copy
 
 
@@ -231,7 +231,7 @@ def resolve_artifact(artifact: str | Path | None, config: str | Path | None = No
     if config is None:
         raise FileNotFoundError(f"deploy artifact {artifact!r} is not a directory, and no config names a store")
     from llmpipe.config import load_config
-    from llmpipe.runner import open_store
+    from llmpipe.dag import open_store
 
     store = open_store(load_config(config))
     if artifact is None:

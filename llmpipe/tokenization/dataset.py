@@ -1,7 +1,7 @@
 """Random-access reading of packed token shards as a torch ``Dataset``.
 
 ``PackedDataset(artifact_dir, split="train")[i]`` is a ``LongTensor`` of ``seq_len + 1`` ids (the
-layout is described in :mod:`llmpipe.tokenization.pack`); with ``pairs=True`` it is
+layout is described in :mod:`llmpipe.tokenization.stage`); with ``pairs=True`` it is
 ``(input, target)``, both ``[seq_len]``, where target positions that are padding hold ``-100``
 (the ``ignore_index`` of ``torch.nn.functional.cross_entropy``). Shards are memory-mapped, so a
 dataset costs no memory up front and works from DataLoader worker processes.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from llmpipe.tokenization.pack import TOKENIZE
+from llmpipe.tokenization.layout import TOKENIZE
 
 IGNORE_INDEX = -100
 

@@ -15,27 +15,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmpipe.document import iter_documents, shard_paths
 from llmpipe.stage import StageContext, stage
 from llmpipe.tokenization.config import TokenizerConfig
+from llmpipe.tokenization.layout import TOKENIZER
 
 VERSION = "1"
-
-
-@dataclass(frozen=True)
-class TokenizerLayout:
-    """The files of a tokenizer artifact that other stages read: consumers join these names, never literals."""
-
-    tokenizer: str = "tokenizer.json"  # the fast tokenizer (``tokenizers`` format)
-    config: str = "tokenizer_config.json"  # transformers' settings: bos/eos/pad, max length
-    meta: str = "llmpipe_tokenizer.json"  # {"vocab_size", "bos_id", "eos_id", "pad_id", "source"}
-
-
-TOKENIZER = TokenizerLayout()
 META = TOKENIZER.meta
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from llmpipe.tokenization.pack import TOKENIZE
+from llmpipe.tokenization.layout import TOKENIZE
 
 
 class PackedSource(Protocol):

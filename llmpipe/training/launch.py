@@ -1,12 +1,12 @@
 """Start the training workers with ``torchrun`` or the ``deepspeed`` launcher, stream their logs, report failures.
 
-Single node: ``torchrun --standalone --nproc_per_node N -m llmpipe.training.worker --config spec.json``.
+Single node: ``torchrun --standalone --nproc_per_node N -m llmpipe.training.trainer --config spec.json``.
 
 Multi-node (``train.nodes > 1``): every node runs the *same* stage with the same config except
 ``train.node_rank``, and each builds its own agent command::
 
     torchrun --nnodes 2 --node_rank R --nproc_per_node N \\
-             --rdzv_backend c10d --rdzv_endpoint HOST0:29400 --rdzv_id <stage key> -m llmpipe.training.worker ...
+             --rdzv_backend c10d --rdzv_endpoint HOST0:29400 --rdzv_id <stage key> -m llmpipe.training.trainer ...
 
 Start one Prefect worker per node in a process work pool (``prefect worker start --pool train``),
 and submit the pretrain flow once per node with ``train.node_rank=<r>`` (or let a cluster scheduler
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.ops.process import free_port, spawn, stop_tree
-from llmpipe.training.worker import METRIC_PREFIX
+from llmpipe.processes import free_port, spawn, stop_tree
+from llmpipe.training.trainer import METRIC_PREFIX
 
 
 class TrainingError(RuntimeError):
@@ -49,11 +49,18 @@ class LaunchResult:
     command: list[str]
 
 
+TRAINER_MODULE = "llmpipe.training.trainer"
+
+
 def build_command(cfg: Any, spec_path: Path, log_dir: Path, rdzv_id: str = "llmpipe",
-                  python: str | None = None) -> list[str]:
-    """The launcher command line for this node (see the module docstring for multi-node)."""
+                  python: str | None = None, module: str = TRAINER_MODULE) -> list[str]:
+    """The launcher command line for this node (see the module docstring for multi-node).
+
+    ``module``: what each worker runs with ``python -m``; another module whose ``__main__`` calls
+    :func:`llmpipe.training.trainer.main` with a ``Trainer`` subclass runs a customized loop.
+    """
     py = python or sys.executable
-    worker = ["-m", "llmpipe.training.worker", "--config", str(spec_path)]
+    worker = ["-m", module, "--config", str(spec_path)]
     if cfg.launcher == "deepspeed":
         cmd = [py, "-m", "deepspeed.launcher.runner"]
         if cfg.hostfile:
@@ -61,7 +68,7 @@ def build_command(cfg: Any, spec_path: Path, log_dir: Path, rdzv_id: str = "llmp
         else:
             cmd += ["--num_nodes", "1", "--num_gpus", str(cfg.nproc_per_node)]
         cmd += ["--master_port", str(cfg.master_port or free_port()), "--no_local_rank", "--module",
-                "llmpipe.training.worker", "--config", str(spec_path)]
+                module, "--config", str(spec_path)]
         return cmd
     cmd = [py, "-m", "torch.distributed.run", "--nproc_per_node", str(cfg.nproc_per_node),
            "--log-dir", str(log_dir), "--max-restarts", "0"]
@@ -106,6 +113,7 @@ def launch(
     on_metric: Callable[[dict[str, Any]], None] | None = None,
     rdzv_id: str = "llmpipe",
     env: dict[str, str] | None = None,
+    module: str = TRAINER_MODULE,
 ) -> LaunchResult:
     """Write the spec, start the launcher, stream its output, and raise TrainingError on failure/timeout.
 
@@ -123,7 +131,7 @@ def launch(
     spec_path = run_dir / f"spec-node{cfg.node_rank}.json"
     spec_path.write_text(json.dumps(spec, indent=1, default=str))
     log_dir = run_dir / f"torchrun-logs-node{cfg.node_rank}"
-    cmd = build_command(cfg, spec_path, log_dir, rdzv_id=rdzv_id)
+    cmd = build_command(cfg, spec_path, log_dir, rdzv_id=rdzv_id, module=module)
     t0 = time.monotonic()
     # spawn: its own session, and the workers end with this process however it ends (SIGKILL too)
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,

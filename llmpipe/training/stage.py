@@ -22,13 +22,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from llmpipe.stage import StageContext, link_file, stage
+from llmpipe.files import link_file
+from llmpipe.stage import StageContext, stage
 from llmpipe.store import MANIFEST
-from llmpipe.tokenization.tokenizer import TOKENIZER
+from llmpipe.tokenization.layout import TOKENIZER
 from llmpipe.training.config import STRATEGIES, TrainConfig
 from llmpipe.training.launch import TrainingError, launch
 from llmpipe.training.layout import PRETRAIN
-from llmpipe.training.worker import MEASURED_FIELDS
+from llmpipe.training.trainer import MEASURED_FIELDS
 
 SKIP_TOKENIZER_FILES = {MANIFEST}  # the tokenizer artifact's manifest is no tokenizer file
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from flows import ops
-from llmpipe.ops import ManagedProcess, free_port
+from flows import prefect_ops
+from llmpipe.processes import ManagedProcess, free_port
 
 OUTPUTS = Path(__file__).resolve().parent / "_outputs"  # git-ignored: screenshots, server/worker logs
 
@@ -33,27 +33,27 @@ class PrefectStack:
     server: ManagedProcess
     workers: list[ManagedProcess] = field(default_factory=list)
 
-    def deploy(self, prefect_file: str | Path = ops.PREFECT_FILE, **kw: Any) -> list[str]:
-        return ops.deploy(prefect_file, state_dir=self.state_dir, api_url=self.api_url, **kw)
+    def deploy(self, prefect_file: str | Path = prefect_ops.PREFECT_FILE, **kw: Any) -> list[str]:
+        return prefect_ops.deploy(prefect_file, state_dir=self.state_dir, api_url=self.api_url, **kw)
 
-    def start_worker(self, pool: str = ops.WORK_POOL) -> ManagedProcess:
-        w = ops.start_worker(pool, state_dir=self.state_dir, api_url=self.api_url, extra_env=self.env,
+    def start_worker(self, pool: str = prefect_ops.WORK_POOL) -> ManagedProcess:
+        w = prefect_ops.start_worker(pool, state_dir=self.state_dir, api_url=self.api_url, extra_env=self.env,
                              log_path=self.root / f"worker-{len(self.workers)}.log")
         self.workers.append(w)
         return w
 
     def trigger(self, name: str, parameters: dict[str, Any] | None = None, timeout: float = 600) -> Any:
-        return ops.trigger(name, parameters, timeout=timeout, state_dir=self.state_dir, api_url=self.api_url)
+        return prefect_ops.trigger(name, parameters, timeout=timeout, state_dir=self.state_dir, api_url=self.api_url)
 
     def wait(self, flow_run_id: Any, timeout: float = 600) -> Any:
-        return ops.wait_for_flow_run(flow_run_id, timeout=timeout, state_dir=self.state_dir, api_url=self.api_url)
+        return prefect_ops.wait_for_flow_run(flow_run_id, timeout=timeout, state_dir=self.state_dir, api_url=self.api_url)
 
     def deployments(self) -> dict[str, Any]:
-        return ops.list_deployments(state_dir=self.state_dir, api_url=self.api_url)
+        return prefect_ops.list_deployments(state_dir=self.state_dir, api_url=self.api_url)
 
     def cli_env(self) -> dict[str, str]:
         """Environment for running ``prefect ...`` against this server from a test."""
-        return ops.prefect_env(self.state_dir, self.api_url, self.env)
+        return prefect_ops.prefect_env(self.state_dir, self.api_url, self.env)
 
     def logs(self) -> str:
         parts = [f"--- {p.name} ({p.log_path})\n{p.tail(80)}" for p in [self.server, *self.workers]]
@@ -81,7 +81,7 @@ def prefect_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         "HF_HUB_OFFLINE": "1",
     }
     port = free_port()
-    server = ops.start_server(state_dir, port=port, log_path=root / "server.log", extra_env=env, timeout=180)
+    server = prefect_ops.start_server(state_dir, port=port, log_path=root / "server.log", extra_env=env, timeout=180)
     stack = PrefectStack(root=root, state_dir=state_dir, api_url=f"http://127.0.0.1:{port}/api",
                          ui_url=f"http://127.0.0.1:{port}", env=env, server=server)
     old_home = os.environ.get("PREFECT_HOME")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows import ops
+from flows import prefect_ops
 from tests.e2e.conftest import OUTPUTS
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_deployments_registered_with_defaults(prefect_stack, deployed: list[str]
         assert d.parameters["config"] == str(tiny_config) and d.parameters["overrides"] == [], name
         schema = d.parameter_openapi_schema
         assert not schema.get("required"), f"{name}: parameters without a default: {schema.get('required')}"
-        assert d.work_pool_name == ops.WORK_POOL
+        assert d.work_pool_name == prefect_ops.WORK_POOL
     (sched,) = deps[NIGHTLY].schedules
     assert (sched.schedule.cron, sched.schedule.timezone) == ("0 2 * * *", "UTC")
     assert all(not deps[n].schedules for n in EXPECTED - {NIGHTLY})
@@ -69,7 +69,7 @@ def _stage_rows(prefect_stack, flow_run_id: Any) -> list[dict[str, Any]]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    with ops.prefect_api(prefect_stack.state_dir, prefect_stack.api_url), get_client(sync_client=True) as c:
+    with prefect_ops.prefect_api(prefect_stack.state_dir, prefect_stack.api_url), get_client(sync_client=True) as c:
         arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     tables = [a for a in arts if a.type == "table" and (a.key or "").endswith("-stages")]
     assert tables, f"no stage table artifact on flow run {flow_run_id}: {[a.key for a in arts]}"
@@ -79,7 +79,7 @@ def _stage_rows(prefect_stack, flow_run_id: Any) -> list[dict[str, Any]]:
 
 def _data_refresh_stages(tiny_config: Path) -> dict[str, str]:
     from llmpipe.config import load_config
-    from llmpipe.runner import plan, select
+    from llmpipe.dag import plan, select
 
     cfg = load_config(tiny_config)
     return {ps.name: ps.key for ps in select(plan(cfg), "data_refresh", None, None)}
@@ -108,7 +108,7 @@ def _run_ids(prefect_stack, deployment_id: Any, now_only: bool = False) -> set[s
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     soon = datetime.now(timezone.utc) + timedelta(minutes=10)
-    with ops.prefect_api(prefect_stack.state_dir, prefect_stack.api_url), get_client(sync_client=True) as c:
+    with prefect_ops.prefect_api(prefect_stack.state_dir, prefect_stack.api_url), get_client(sync_client=True) as c:
         runs = c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     return {str(r.id) for r in runs
             if not now_only or r.expected_start_time is None or r.expected_start_time < soon}
@@ -167,7 +167,7 @@ def test_b_ui_quick_run_completes(prefect_stack, deployed: list[str], tiny_confi
 
 def _stored_stages(tiny_config: Path) -> dict[str, bool]:
     from llmpipe.config import load_config
-    from llmpipe.runner import open_store
+    from llmpipe.dag import open_store
 
     store = open_store(load_config(tiny_config))
     return {stage: store.get(stage, key) is not None for stage, key in _data_refresh_stages(tiny_config).items()}

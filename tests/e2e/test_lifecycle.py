@@ -65,7 +65,7 @@ def test_tiny_lifecycle_in_a_fresh_folder_then_all_cached(tmp_path: Path, monkey
     assert (project / ".llmpipe" / "logs" / "latest" / "pretrain.log").is_file()
 
     from llmpipe.config import load_config
-    from llmpipe.runner import open_store, plan
+    from llmpipe.dag import open_store, plan
 
     monkeypatch.chdir(project)  # the config's relative store and state folder, as the CLI saw them
     cfg = load_config(project / "tiny.yaml")

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmpipe.ops.process import GUARD_GRACE_S, descendants
+from llmpipe.processes import GUARD_GRACE_S, descendants
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux processes")]
@@ -145,7 +145,7 @@ def workers_up(procs: list[psutil.Process]) -> bool:
     """torchrun and its two training workers (sessions of their own, below torchrun)."""
     names = [_cmdline(p) for p in procs]
     return (any("torch.distributed.run" in c for c in names)
-            and sum("llmpipe.training.worker" in c and "torch.distributed.run" not in c for c in names) >= 2)
+            and sum("llmpipe.training.trainer" in c and "torch.distributed.run" not in c for c in names) >= 2)
 
 
 def temporary_server_up(procs: list[psutil.Process]) -> bool:
@@ -208,7 +208,7 @@ def model_repo(root: Path) -> Path:
     from llmpipe.serving.config import DeployConfig
     from llmpipe.serving.repository import write_model_repository
     from llmpipe.serving.server import available
-    from llmpipe.serving.tiny import make_tiny_checkpoint
+    from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint
 
     if not available():
         pytest.skip("no Triton binary: run scripts/install.sh")
@@ -223,7 +223,7 @@ def prefect_server(root: Path, env: dict[str, str]) -> Iterator[tuple[Command, s
     """``llmpipe server`` (a real Prefect server) for ``llmpipe worker``: the command and its API URL.
 
     The last test of the module kills it."""
-    from llmpipe.ops import free_port, wait_for_http
+    from llmpipe.processes import free_port, wait_for_http
 
     port = free_port()
     cmd = Command([*CLI, "server", "--state-dir", str(root / "server-state"), "--port", str(port)],
@@ -274,7 +274,7 @@ def test_run_with_temporary_prefect_server_killed_in_pretrain(store: list[str], 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_serve_stopped_leaves_no_triton(sig: signal.Signals, model_repo: Path, root: Path,
                                         env: dict[str, str]) -> None:
-    from llmpipe.ops import free_port
+    from llmpipe.processes import free_port
 
     ports = [str(free_port()) for _ in range(3)]
     cmd = Command([*CLI, "serve", str(model_repo), "--http-port", ports[0], "--grpc-port", ports[1],
@@ -311,7 +311,7 @@ def test_server_killed_leaves_no_prefect_server(prefect_server: tuple[Command, s
 DASK = textwrap.dedent(
     """
     import time
-    from llmpipe.runners_dask import shared_local_cluster
+    from llmpipe.executor_dask import shared_local_cluster
     shared_local_cluster(2, 1)
     print("cluster up", flush=True)
     time.sleep(600)

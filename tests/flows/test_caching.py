@@ -33,7 +33,7 @@ def _corpus(d: Path, n: int = 40) -> Path:
 
 
 def _overrides(tmp: Path, *extra: str) -> list[str]:
-    return [f"store={tmp / 'store'}", f"state_dir={tmp / 'state'}", "runner.workers=1",
+    return [f"store={tmp / 'store'}", f"state_dir={tmp / 'state'}", "executor.workers=1",
             f"sources=[{{name: web, path: {tmp / 'corpus'}}}]", *extra]
 
 
@@ -54,7 +54,7 @@ def test_rerun_is_cached_and_changes_rerun_downstream_only(prefect_server, tmp_p
     again = _run(tmp_path)
     assert {s: r["state"] for s, r in again.items()} == {s: "Cached" for s in again}
 
-    workers = _run(tmp_path, "runner.workers=2")  # how, not what: nothing re-runs
+    workers = _run(tmp_path, "executor.workers=2")  # how, not what: nothing re-runs
     assert all(r["state"] == "Cached" for r in workers.values())
 
     changed = _run(tmp_path, "langid.min_chars=25")

@@ -38,16 +38,16 @@ def prefect_home(tmp_path_factory: pytest.TempPathFactory):
 
 def test_data_refresh_on_dask_matches_local(tmp_path: Path, prefect_home: None) -> None:
     from flows.data_refresh import data_refresh
-    from llmpipe.runners_dask import _CLUSTERS, close_local_clusters
+    from llmpipe.executor_dask import _CLUSTERS, close_local_clusters
 
     config = str(ROOT / "configs" / "tiny.yaml")
     common = [f"state_dir={tmp_path / 'state'}"]
     try:
         local_rows = data_refresh(config=config, overrides=[*common, f"store={tmp_path / 'local'}",
-                                                            "runner.kind=local", "runner.workers=2"])
+                                                            "executor.kind=local", "executor.workers=2"])
         dask_rows = data_refresh(config=config, overrides=[*common, f"store={tmp_path / 'dask'}",
-                                                           "runner.kind=dask", "runner.dask_workers=2"])
-        assert _CLUSTERS, "runner.kind=dask did not start a LocalCluster"
+                                                           "executor.kind=dask", "executor.dask_workers=2"])
+        assert _CLUSTERS, "executor.kind=dask did not start a LocalCluster"
         (cluster,) = _CLUSTERS.values()
         assert len(cluster.workers) == 2 and cluster.scheduler_address.startswith("tcp://127.0.0.1:")
     finally:

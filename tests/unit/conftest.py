@@ -12,7 +12,7 @@ import torch
 
 def toy_artifacts(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """Build (or reuse within this session) the trained toy model: hidden 128 so groups are 128 wide."""
-    from llmpipe.evaluation import toy
+    from tests.fixtures import toy_model as toy
 
     torch.set_num_threads(1)  # other test processes share the cores; oversubscription is 10x slower
     root = tmp_path_factory.getbasetemp() / "llmpipe-toy-lm"

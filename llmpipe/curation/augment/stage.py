@@ -36,7 +36,9 @@ from llmpipe.curation.augment.config import (
 from llmpipe.curation.augment.operators import Outcome, Restructurer, SynonymReplacer, TemplateFiller, lang_of
 from llmpipe.curation.funnel import report_funnel
 from llmpipe.document import SHARDS, Document, input_shards, read_shard, write_shard
-from llmpipe.stage import StageContext, lazy_import, link_file, stage
+from llmpipe.files import link_file
+from llmpipe.lazy import lazy_import
+from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
 pq = lazy_import("pyarrow.parquet")  # loaded when the stage runs, not when it registers
@@ -94,12 +96,12 @@ def augment_documents(docs: list[Document], cfg: AugmentConfig, log: Any = None)
         st["selected"] = len(picked)
         if not picked:
             continue
-        runner = build_operator(op, cfg.device, log)
-        if hasattr(runner, "prepare"):
-            runner.prepare(docs)
+        operator = build_operator(op, cfg.device, log)
+        if hasattr(operator, "prepare"):
+            operator.prepare(docs)
         for i in range(0, len(picked), BATCH):
             chunk = picked[i : i + BATCH]
-            outcomes: list[Outcome] = runner.apply([(d, doc_rng(cfg.seed, label, d.id)) for d in chunk])
+            outcomes: list[Outcome] = operator.apply([(d, doc_rng(cfg.seed, label, d.id)) for d in chunk])
             for d, res in zip(chunk, outcomes, strict=True):
                 if res.reason is not None or not res.texts:
                     reason = res.reason or "no_output"

@@ -16,7 +16,7 @@ form (or none fast enough for a whole index), and live here:
 - :func:`free`: releasing an index's buckets by reference counting relies on ``hashtables``
   holding the only reference to the bucket tables.
 
-``tests/unit/dedup/test_datasketch_adapter.py`` pins each against public datasketch behaviour, so a
+``tests/unit/curation/dedup/test_datasketch_adapter.py`` pins each against public datasketch behaviour, so a
 datasketch upgrade that changes one of them fails that one test with a message naming what changed.
 """
 

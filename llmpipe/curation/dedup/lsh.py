@@ -19,7 +19,8 @@ import numpy as np
 from datasketch import LeanMinHash, MinHashLSH
 
 from llmpipe.curation.dedup import datasketch_adapter as ds
-from llmpipe.stage import gc_paused, link_file
+from llmpipe.files import link_file
+from llmpipe.memory import gc_paused
 
 _U64 = np.uint64
 

@@ -11,7 +11,7 @@ of documents at once:
 - numpy fallback: ``hashlib`` per shingle, then fmix / permutation / ``np.minimum.reduceat`` over
   the batch in bounded chunks.
 
-Both are checked against datasketch by ``tests/unit/dedup/test_dedup_minhash.py``.
+Both are checked against datasketch by ``tests/unit/curation/dedup/test_dedup_minhash.py``.
 """
 
 from __future__ import annotations

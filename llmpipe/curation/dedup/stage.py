@@ -38,7 +38,9 @@ from llmpipe.document import (
     shard_paths,
     write_shard,
 )
-from llmpipe.stage import StageContext, lazy_import, link_file, stage
+from llmpipe.files import link_file
+from llmpipe.lazy import lazy_import
+from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
 # numpy, pyarrow, numba (minhash) and datasketch (lsh) load when the stage runs, not when it registers

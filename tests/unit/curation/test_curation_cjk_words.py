@@ -26,7 +26,7 @@ from llmpipe.curation.text import cjk_runs, segment_cjk, segment_runs, segmenter
 from llmpipe.data.builtin_corpus import multilingual_documents
 from llmpipe.data.multilingual import SAMPLES
 from llmpipe.document import Document
-from tests.unit.curation.curation_helpers import doc
+from tests.fixtures.curation_docs import doc
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny.yaml"
 # Each language's quality keep rate on the built-in sample lies within this many percentage points

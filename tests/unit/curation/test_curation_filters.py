@@ -18,7 +18,7 @@ from llmpipe.curation.filters import (
 )
 from llmpipe.curation.quality import GopherQualityFilter, build_quality_filters, rejudge
 from llmpipe.document import Document, read_shard, write_shard
-from tests.unit.curation.curation_helpers import GOOD_EN, doc
+from tests.fixtures.curation_docs import GOOD_EN, doc
 
 
 class LengthFilter(Filter):

@@ -6,7 +6,7 @@ import pytest
 
 from llmpipe.curation.config import LangIdConfig
 from llmpipe.curation.langid import LanguageFilter, LanguageIdentifier, code_ratio, default_model_path
-from tests.unit.curation.curation_helpers import doc
+from tests.fixtures.curation_docs import doc
 
 SENTENCES = {
     "en": "The committee will publish its final report on climate policy next week, after months of debate.",

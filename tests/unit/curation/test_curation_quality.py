@@ -16,7 +16,7 @@ from llmpipe.curation.quality import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
-from tests.unit.curation.curation_helpers import GOOD_EN, doc
+from tests.fixtures.curation_docs import GOOD_EN, doc
 
 ZH = ("今天的天气很好，我们在公园里散步。孩子们在草地上玩耍，老人们在树下下棋。"
       "中午我们找了一家小饭馆吃饭，菜的味道很不错。下午我们去了博物馆，看了很多有意思的展品。"

@@ -6,7 +6,7 @@ import pytest
 
 from llmpipe.curation.config import BlocklistSettings, PiiSettings
 from llmpipe.curation.safety import BlocklistFilter, PiiRedactor, cn_id_valid, luhn_valid, redact_pii
-from tests.unit.curation.curation_helpers import doc
+from tests.fixtures.curation_docs import doc
 
 
 @pytest.mark.parametrize("number", ["4111111111111111", "5500005555555559", "378282246310005", "79927398713"])
@@ -48,7 +48,7 @@ def test_redactor_only_selected_types() -> None:
     d = doc("mail a@b.co from 10.1.2.3")
     r = PiiRedactor(PiiSettings(types=["ip"]))
     assert r.filter(d) is True
-    assert d.text == "mail a@b.co from <IP>" and d.metadata["pii"] == {"ip": 1} and r.totals["ip"] == 1
+    assert d.text == "mail a@b.co from <IP>" and d.metadata["pii"] == {"ip": 1} and r.stats == {"ip": 1}
 
 
 def test_blocklist_word_boundaries_for_spaced_scripts() -> None:

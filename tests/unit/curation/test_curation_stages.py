@@ -1,4 +1,4 @@
-"""The langid -> quality -> safety stages through the plain-Python runner: funnels add up, files are
+"""The langid -> quality -> safety stages through the plain-Python DAG: funnels add up, files are
 written, bad input never crashes, and a refresh that adds a shard only processes the new shard."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from llmpipe.config import load_config
+from llmpipe.dag import run_pipeline
 from llmpipe.document import read_shard, shard_paths
-from llmpipe.runner import run_pipeline
-from tests.unit.curation.curation_helpers import GOOD_EN
+from tests.fixtures.curation_docs import GOOD_EN
 
 ZH = ("今天的天气很好，我们在公园里散步。孩子们在草地上玩耍，老人们在树下下棋。中午我们找了一家小饭馆吃饭，"
       "菜的味道很不错。下午我们去了博物馆，看了很多有意思的展品。晚上回家以后，大家都觉得这一天过得很充实。"
@@ -25,7 +25,7 @@ def _config(tmp: Path) -> object:
     return load_config(data={
         "name": "cur", "store": str(tmp / "store"), "state_dir": str(tmp / "state"),
         "sources": [{"name": "web", "path": str(tmp / "src"), "format": "jsonl"}],
-        "runner": {"kind": "local", "workers": 1},
+        "executor": {"kind": "local", "workers": 1},
         "langid": {"languages": ["en", "zh"]},
     })
 
@@ -66,7 +66,7 @@ def test_stages_funnels_add_up_and_refresh_touches_only_new_shards(tmp_path: Pat
     assert runs["langid"].stats["rejected"].keys() >= {"too_short", "lang_not_kept", "code"}
     assert runs["quality"].stats["rejected"].get("gopher_long_doc") == 1
     assert runs["safety"].stats["rejected"] == {"blocklist": 1}
-    assert runs["safety"].stats["pii"] == {"email": 1, "phone": 1}
+    assert runs["safety"].stats["filter_stats"] == {"pii": {"email": 1, "phone": 1}}
     final = [d for p in shard_paths(Path(runs["safety"].path)) for d in read_shard(p)]
     assert {d.metadata["lang"] for d in final} == {"en", "zh"}
     assert any("<EMAIL>" in d.text and "<PHONE>" in d.text for d in final)

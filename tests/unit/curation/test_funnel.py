@@ -9,9 +9,9 @@ import pytest
 
 from llmpipe.config import load_config
 from llmpipe.curation.funnel import KEYS, OPTIONAL_KEYS, check_funnel, report_funnel, write_funnel
+from llmpipe.dag import run_pipeline
 from llmpipe.document import input_shards, read_shard, rejected_paths, shard_paths
-from llmpipe.runner import run_pipeline
-from tests.unit.curation.curation_helpers import GOOD_EN
+from tests.fixtures.curation_docs import GOOD_EN
 
 CURATION = ("langid", "quality", "safety", "dedup", "augment")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -28,7 +28,7 @@ def _config(tmp: Path) -> object:
     return load_config(data={
         "name": "funnel", "store": str(tmp / "store"), "state_dir": str(tmp / "state"),
         "sources": [{"name": "web", "path": str(tmp / "src"), "format": "jsonl"}],
-        "runner": {"kind": "local", "workers": 1},
+        "executor": {"kind": "local", "workers": 1},
         "langid": {"languages": ["en"]},
         "augment": {"enabled": True, "seed": 0, "operators": [{"type": "restructure", "fraction": 1.0}]},
     })

@@ -13,7 +13,7 @@ from llmpipe.evaluation.model_io import find_checkpoint, load_tokenizer
 from llmpipe.quantization.stage import QUANTIZE
 from llmpipe.serving.repository import REPO_DIR
 from llmpipe.serving.stage import DEPLOY
-from llmpipe.tokenization.pack import TOKENIZE
+from llmpipe.tokenization.layout import TOKENIZE
 from llmpipe.training.stage import PRETRAIN
 
 

@@ -99,12 +99,13 @@ def test_baseline_scores_exactly_the_models_targets_and_bytes(toy_lm) -> None:  
 def test_stage_reports_model_beside_baseline(toy_lm, fresh_store) -> None:  # noqa: ANN001
     from llmpipe.evaluation.config import EvaluateConfig
     from llmpipe.evaluation.stage import RESULTS, run_evaluate
-    from llmpipe.stage import STAGES, LocalRunner, StageContext
+    from llmpipe.executor import LocalExecutor
+    from llmpipe.stage import STAGES, StageContext
 
     out = fresh_store.new_tmp_dir("evaluate", "k1")
     ctx = StageContext(spec=STAGES["evaluate"], config=EvaluateConfig(max_sequences=8, prompts=[]), pipeline=None,
                        key="k1", out=out, inputs={"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
-                       input_keys={"pretrain": "p", "tokenize": "t"}, store=fresh_store, runner=LocalRunner(1))
+                       input_keys={"pretrain": "p", "tokenize": "t"}, store=fresh_store, executor=LocalExecutor(1))
     stats = run_evaluate(ctx)
     res = json.loads((out / RESULTS).read_text())
     base = res["baseline"]

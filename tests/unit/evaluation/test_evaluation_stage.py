@@ -11,7 +11,8 @@ import pytest
 
 from llmpipe.evaluation.config import EvaluateConfig, TaskConfig
 from llmpipe.evaluation.stage import RESULTS, run_evaluate
-from llmpipe.stage import STAGES, LocalRunner, StageContext
+from llmpipe.executor import LocalExecutor
+from llmpipe.stage import STAGES, StageContext
 
 
 def make_ctx(store, cfg: EvaluateConfig, inputs: dict[str, Path], out: Path, key: str,  # noqa: ANN001
@@ -19,7 +20,7 @@ def make_ctx(store, cfg: EvaluateConfig, inputs: dict[str, Path], out: Path, key
     out.mkdir(parents=True, exist_ok=True)
     return StageContext(spec=STAGES["evaluate"], config=cfg, pipeline=None, key=key, out=out, inputs=inputs,
                         input_keys={"pretrain": f"pre-{key}", "tokenize": tokenize_key}, store=store,
-                        runner=LocalRunner(1))
+                        executor=LocalExecutor(1))
 
 
 def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tmp_path: Path) -> None:  # noqa: ANN001

@@ -13,6 +13,7 @@ import torch
 
 from llmpipe.evaluation.config import EvaluateConfig
 from llmpipe.evaluation.stage import run_evaluate
+from llmpipe.executor import LocalExecutor
 from llmpipe.quantization.awq import (
     cpu_calibration_fix,
     distinct_values_per_group,
@@ -22,14 +23,14 @@ from llmpipe.quantization.awq import (
 from llmpipe.quantization.config import GateConfig, QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
 from llmpipe.quantization.stage import array_sha256, run_quantize
-from llmpipe.stage import STAGES, LocalRunner, StageContext
+from llmpipe.stage import STAGES, StageContext
 
 
 def ctx_for(name: str, cfg, inputs: dict[str, Path], out: Path, store) -> StageContext:  # noqa: ANN001
     out.mkdir(parents=True, exist_ok=True)
     return StageContext(spec=STAGES[name], config=cfg, pipeline=None, key=f"k-{name}-{out.name}", out=out,
                         inputs=inputs, input_keys={k: f"key-{k}" for k in inputs}, store=store,
-                        runner=LocalRunner(1))
+                        executor=LocalExecutor(1))
 
 
 @pytest.fixture(scope="module")

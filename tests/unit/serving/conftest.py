@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmpipe.serving.tiny import make_tiny_checkpoint
+from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -45,7 +45,8 @@ def synthetic_docs(n_en: int, n_zh: int, seed: int = 0, prefix: str = "d") -> li
 @pytest.fixture
 def make_ctx(tmp_path: Path) -> Callable[..., Any]:
     """Build a StageContext for a registered stage with a real ArtifactStore under tmp_path."""
-    from llmpipe.stage import STAGES, LocalRunner, StageContext
+    from llmpipe.executor import LocalExecutor
+    from llmpipe.stage import STAGES, StageContext
     from llmpipe.store import ArtifactStore
 
     def make(name: str, config: Any, inputs: dict[str, Path], out: Path, workers: int = 1,
@@ -54,7 +55,7 @@ def make_ctx(tmp_path: Path) -> Callable[..., Any]:
         store = ArtifactStore(store_dir or tmp_path / "store")
         return StageContext(spec=STAGES[name], config=config, pipeline=None, key="test", out=out,
                             inputs=inputs, input_keys=input_keys or {k: f"key-{v}" for k, v in inputs.items()},
-                            store=store, runner=LocalRunner(workers))
+                            store=store, executor=LocalExecutor(workers))
 
     return make
 

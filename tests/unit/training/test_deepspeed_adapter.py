@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from llmpipe.ops import free_port
+from llmpipe.processes import free_port
 from tests.conftest import ROOT
 
 deepspeed_comm_torch = pytest.importorskip("deepspeed.comm.torch")

@@ -23,6 +23,7 @@ from llmpipe.store import ArtifactStore
 from llmpipe.training.config import TrainConfig
 from llmpipe.training.launch import TrainingError, free_port, launch
 from llmpipe.training.stage import run_pretrain  # noqa: F401 - registers the stage
+from tests.fixtures import faulty_trainer
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
@@ -178,7 +179,8 @@ def test_two_node_loopback_matches_single_node(reference: dict[str, Any], tmp_pa
 def test_worker_failure_names_rank_and_timeout(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
     cfg = TrainConfig(**tiny_train())
     with pytest.raises(TrainingError, match=r"training worker rank 1 failed: RuntimeError: injected failure"):
-        launch(cfg, worker_spec(cfg, packed, tmp_path / "a", inject_fail_rank=1), tmp_path / "a")
+        launch(cfg, worker_spec(cfg, packed, tmp_path / "a", test_fail_rank=1), tmp_path / "a",
+               env={"PYTHONPATH": str(REPO)}, module=faulty_trainer.MODULE)
     slow = TrainConfig(**tiny_train(timeout_s=2))
     with pytest.raises(TrainingError, match=r"timed out after 2s \(train\.timeout_s\)"):
         launch(slow, worker_spec(slow, packed, tmp_path / "b"), tmp_path / "b")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from llmpipe.training.config import TrainConfig
-from llmpipe.training.worker import Trainer
+from llmpipe.training.trainer import Trainer
 
 
 @pytest.fixture(autouse=True)

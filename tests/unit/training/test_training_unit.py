@@ -16,7 +16,8 @@ from llmpipe.training.data import GlobalOrder, open_packed
 from llmpipe.training.engines import deepspeed_config
 from llmpipe.training.launch import TrainingError, build_command
 from llmpipe.training.stage import plan
-from llmpipe.training.worker import Trainer, lr_at
+from llmpipe.training.trainer import Trainer, lr_at
+from tests.fixtures.faulty_trainer import FaultyTrainer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -91,7 +92,7 @@ def test_commands_single_multi_node_and_deepspeed(tmp_path: Path) -> None:
     single = build_command(TrainConfig(nproc_per_node=3, master_port=29511), spec, tmp_path, python="py")
     assert single[:3] == ["py", "-m", "torch.distributed.run"]
     assert ["--nproc_per_node", "3"] == single[3:5] and "127.0.0.1:29511" in single
-    assert single[-4:] == ["llmpipe.training.worker", "--config", str(spec)][-3:] or single[-3:]
+    assert single[-4:] == ["llmpipe.training.trainer", "--config", str(spec)][-3:] or single[-3:]
     multi = build_command(TrainConfig(nodes=2, node_rank=1, nproc_per_node=8, rdzv_endpoint="node0:29400",
                                       rdzv_id="job7"), spec, tmp_path, python="py")
     joined = " ".join(multi)
@@ -121,14 +122,14 @@ def test_deepspeed_config_from_file_fills_batch_and_optimizer() -> None:
 
 def _single(tmp_path: Path, packed: Path, worker_spec, cfg: TrainConfig, **extra) -> Trainer:
     assert "RANK" not in os.environ
-    return Trainer(worker_spec(cfg, packed, tmp_path, **extra))
+    return (FaultyTrainer if extra else Trainer)(worker_spec(cfg, packed, tmp_path, **extra))
 
 
 def test_single_process_trains_and_guards_nan(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
     """In-process (world 1): loss falls; an injected NaN step is skipped and counted, weights untouched."""
     torch.set_num_threads(1)
     cfg = TrainConfig(**tiny_train(max_steps=8, nproc_per_node=1, checkpoint_every=0))
-    tr = _single(tmp_path / "a", packed, worker_spec, cfg, inject_nan_steps=[4])
+    tr = _single(tmp_path / "a", packed, worker_spec, cfg, test_nan_steps=[4])
     summary = tr.run()
     recs = [json.loads(x) for x in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == list(range(1, 9))
@@ -142,7 +143,7 @@ def test_single_process_trains_and_guards_nan(tmp_path: Path, packed: Path, tiny
 def test_abort_after_consecutive_nonfinite(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
     cfg = TrainConfig(**tiny_train(max_steps=8, nproc_per_node=1, checkpoint_every=0,
                                    max_consecutive_nonfinite=2))
-    tr = _single(tmp_path, packed, worker_spec, cfg, inject_nan_steps=[2, 3, 4])
+    tr = _single(tmp_path, packed, worker_spec, cfg, test_nan_steps=[2, 3, 4])
     with pytest.raises(RuntimeError, match=r"non-finite for 2 steps in a row \(steps 3\.\.4; "
                                             r"train\.max_consecutive_nonfinite=2\)"):
         tr.run()

@@ -1,0 +1,369 @@
+"""One training process: ``python -m llmpipe.training.trainer --config spec.json`` under torchrun/deepspeed.
+
+The launcher (``launch.py``) writes the spec (the ``train:`` section plus paths resolved by the
+stage) and starts one of these per device. Rank/world come from the launcher's environment. Rank 0
+writes ``metrics.jsonl`` into the run folder (results and measurements of each step), prints one
+``LLMPIPE_METRIC {...}`` line per logged step (the launcher turns them into live progress), and exports the final model with ``save_pretrained``. Any rank
+that fails writes ``errors/rank_<r>.json`` so the launcher can name the rank and the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import resource
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+METRIC_PREFIX = "LLMPIPE_METRIC "
+# Fields of a step record that measure the run (speed, memory) rather than the training result: they
+# stay in the run folder's metrics.jsonl and the manifest's stats, never in the published artifact.
+MEASURED_FIELDS = ("tokens_per_s", "flops_per_s", "mfu", "peak_mem_mb", "step_time_s")
+log = logging.getLogger("llmpipe.training.trainer")
+
+
+def lr_at(step: int, cfg: Any) -> float:
+    """Linear warmup to ``lr``, then cosine (optionally with warm restarts) down to ``min_lr_ratio*lr``."""
+    base, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
+    if step < cfg.warmup_steps:
+        return base * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return base
+    t = step - cfg.warmup_steps
+    total = max(1, cfg.max_steps - cfg.warmup_steps)
+    if cfg.schedule == "cosine_restarts":
+        period = cfg.restart_period or max(1, total // 2)
+        frac = (t % period) / period
+    else:
+        frac = min(1.0, t / total)
+    return floor + 0.5 * (base - floor) * (1 + math.cos(math.pi * frac))
+
+
+def _peak_mem_mb(device: Any) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class Trainer:
+    """The loop shared by every strategy: data order, accumulation, guards, metrics, checkpoints."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from llmpipe.training.config import TrainConfig
+
+        self.spec = spec
+        self.cfg = TrainConfig.model_validate(spec["train"])
+        self.run_dir = Path(spec["run_dir"])
+        self.ckpt_root = Path(spec["checkpoint_dir"])
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        want_cuda = self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device(f"cuda:{self.local_rank}" if want_cuda else "cpu")
+        if want_cuda:
+            torch.cuda.set_device(self.device)
+        threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if want_cuda else "gloo"
+            if self.cfg.strategy == "deepspeed":
+                import deepspeed
+
+                if not want_cuda:  # see the adapter: the CPU shm op would JIT-compile for minutes
+                    from llmpipe.training.deepspeed_adapter import skip_shm_comm_build
+
+                    skip_shm_comm_build()
+                deepspeed.init_distributed(dist_backend=backend)
+            else:
+                dist.init_process_group(backend=backend)
+        self.dist = dist if dist.is_initialized() else None
+        if want_cuda and self.cfg.strategy != "deepspeed":
+            # CPU kernels used here are deterministic already; the flag makes DeepSpeed ~100x slower
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+    # -- collectives that degrade to no-ops in a single process ------------------------------------
+    def _any(self, flag: bool) -> bool:
+        import torch
+
+        if self.dist is None:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+    def _mean(self, x: float) -> float:
+        import torch
+
+        if self.dist is None:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def _barrier(self) -> None:
+        if self.dist is not None:
+            self.dist.barrier()
+
+    # -- setup -------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import torch
+
+        from llmpipe.training.data import GlobalOrder, open_packed
+        from llmpipe.training.engines import deepspeed_config, make_engine
+        from llmpipe.training.model import build_model, device_peak_flops, flops_per_token
+
+        cfg = self.cfg
+        self.source = open_packed(self.spec["data_dir"], cfg.split)
+        self.seq_len = int(self.spec["seq_len"])
+        self.order = GlobalOrder(len(self.source), cfg.seed, cfg.global_batch_size, cfg.micro_batch_size,
+                                 self.world)
+        model, attn = build_model(cfg, int(self.spec["vocab_size"]), self.device)
+        self.model_config = model.config
+        self.attn = attn
+        if self.rank == 0:
+            log.info("model: %s params, attention=%s, strategy=%s, world=%d, accum=%d, device=%s",
+                     f"{sum(p.numel() for p in model.parameters()):,}", attn, cfg.strategy, self.world,
+                     self.order.accum, self.device)
+        ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", "."))) \
+            if cfg.strategy == "deepspeed" else None
+        self.engine = make_engine(model, cfg, self.device, ds)
+        self.fpt = flops_per_token(self.model_config, self.seq_len)
+        self.peak = device_peak_flops(self.device)
+        self.step = 0
+        self.nonfinite_total = self.nonfinite_streak = self.spikes = 0
+        self.loss_ema: float | None = None
+        torch.manual_seed(cfg.seed + self.rank)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def latest_checkpoint(self) -> Path | None:
+        done = sorted(p for p in self.ckpt_root.glob("step_*") if (p / "state.json").exists())
+        return done[-1] if done else None
+
+    def save_checkpoint(self) -> Path:
+        import numpy as np
+        import torch
+
+        final = self.ckpt_root / f"step_{self.step:08d}"
+        tmp = self.ckpt_root / f".tmp-step_{self.step:08d}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        self.engine.save(tmp)
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        torch.save(rng, tmp / f"rng_rank{self.rank}.pt")
+        self._barrier()
+        if self.rank == 0:
+            state = {"step": self.step, "samples": self.step * self.cfg.global_batch_size,
+                     "nonfinite_total": self.nonfinite_total, "nonfinite_streak": self.nonfinite_streak,
+                     "spikes": self.spikes, "loss_ema": self.loss_ema, "world": self.world}
+            (tmp / "state.json").write_text(json.dumps(state))  # written last: marks it complete
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(tmp, final)
+            for old in sorted(p for p in self.ckpt_root.glob("step_*"))[: -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+            log.info("checkpoint step %d -> %s", self.step, final.name)
+        self._barrier()
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        import numpy as np
+        import torch
+
+        state = json.loads((path / "state.json").read_text())
+        self.engine.load(path)
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+            if "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.step = int(state["step"])
+        self.nonfinite_total = int(state["nonfinite_total"])
+        self.nonfinite_streak = int(state["nonfinite_streak"])
+        self.spikes = int(state["spikes"])
+        self.loss_ema = state["loss_ema"]
+        if self.rank == 0:
+            log.info("resumed from %s (step %d, %d samples seen)", path.name, self.step, state["samples"])
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        import torch
+
+        from llmpipe.training.data import batch
+        from llmpipe.training.engines import surrogate_loss
+
+        cfg, eng = self.cfg, self.engine
+        t0 = time.perf_counter()
+        lr = lr_at(self.step, cfg)
+        losses, bad_step = [], False
+        for a in range(self.order.accum):
+            ids, targets = batch(self.source, self.order.indices(self.step, a, self.rank), self.seq_len)
+            ids, targets = ids.to(self.device), targets.to(self.device)
+            last = a == self.order.accum - 1
+            with eng.sync_context(last):
+                loss, logits = self.forward(ids, targets)
+                bad = self._any(not bool(torch.isfinite(loss.detach())))
+                bad_step = bad_step or bad
+                if last and hasattr(eng, "set_lr"):
+                    eng.set_lr(0.0 if bad_step else lr)  # DeepSpeed steps inside backward at the boundary
+                eng.backward(surrogate_loss(logits) if bad else loss, self.order.accum)
+            losses.append(float(loss.detach()))
+        grad_norm = eng.step(lr, skip=bad_step)
+        loss_mean = float("nan") if bad_step else self._mean(sum(losses) / len(losses))
+        dt = time.perf_counter() - t0
+        return self._account(loss_mean, lr, grad_norm, bad_step, dt)
+
+    def forward(self, ids: Any, targets: Any) -> tuple[Any, Any]:
+        """(loss, logits) of one micro-batch; a subclass may change the loss (tests inject faults)."""
+        return self.engine.forward(ids, targets)
+
+    def _account(self, loss: float, lr: float, grad_norm: float, bad: bool, dt: float) -> dict[str, Any]:
+        cfg = self.cfg
+        if bad:
+            self.nonfinite_total += 1
+            self.nonfinite_streak += 1
+            if self.rank == 0:
+                log.warning("step %d: non-finite loss, step skipped (%d in a row)", self.step,
+                            self.nonfinite_streak)
+            if self.nonfinite_streak >= cfg.max_consecutive_nonfinite:
+                raise RuntimeError(
+                    f"training aborted: the loss was non-finite for {self.nonfinite_streak} steps in a row "
+                    f"(steps {self.step - self.nonfinite_streak + 2}..{self.step + 1}; "
+                    f"train.max_consecutive_nonfinite={cfg.max_consecutive_nonfinite}); lower train.lr, "
+                    "keep train.grad_clip > 0, or check the data")
+        else:
+            self.nonfinite_streak = 0
+            if self.loss_ema is not None and self.step >= cfg.warmup_steps and loss > cfg.spike_factor * self.loss_ema:
+                self.spikes += 1
+                if self.rank == 0:
+                    log.warning("step %d: loss spike %.4f > %.1f x running mean %.4f", self.step, loss,
+                                cfg.spike_factor, self.loss_ema)
+            self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
+        tokens = cfg.global_batch_size * self.seq_len
+        tps = tokens / dt
+        rec = {"step": self.step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+               "tokens_per_s": tps, "flops_per_s": tps * self.fpt,
+               "mfu": (tps * self.fpt / (self.peak * self.world)) if self.peak else None,
+               "peak_mem_mb": _peak_mem_mb(self.device), "step_time_s": dt, "skipped": bad,
+               "tokens": (self.step + 1) * tokens}
+        return rec
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.setup()
+        latest = self.latest_checkpoint() if cfg.resume else None
+        if latest is not None:
+            self.load_checkpoint(latest)
+        metrics_path = self.run_dir / "metrics.jsonl"
+        if self.rank == 0:
+            self._truncate_metrics(metrics_path)
+        while self.step < cfg.max_steps:
+            rec = self.train_step()
+            self.step += 1
+            if self.rank == 0:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    print(METRIC_PREFIX + json.dumps(rec), flush=True)
+                    log.info("step %d/%d loss %.4f lr %.2e gnorm %.3f tok/s %.0f", self.step, cfg.max_steps,
+                             rec["loss"], rec["lr"], rec["grad_norm"], rec["tokens_per_s"])
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.max_steps:
+                self.save_checkpoint()
+        self.save_checkpoint()
+        self.export()
+        import torch
+
+        # CPU kernels split their float reductions by thread count: the bits of the weights (and so
+        # the stage's bytes for one key) are the same only at the same threads per process
+        summary = {"steps": self.step, "nonfinite_steps": self.nonfinite_total, "loss_spikes": self.spikes,
+                   "attention": self.attn, "world_size": self.world, "threads_per_process": torch.get_num_threads()}
+        if self.rank == 0:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    def _truncate_metrics(self, path: Path) -> None:
+        """On resume, drop records past the checkpoint so the curve has each step exactly once."""
+        if not path.exists():
+            return
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
+        path.write_text("".join(ln + "\n" for ln in keep))
+
+    def export(self) -> None:
+        """Rank 0 writes ``save_pretrained`` (safetensors) of the full weights into ``export_dir``."""
+        from transformers import AutoModelForCausalLM
+
+        sd = self.engine.full_state_dict()
+        if self.rank == 0:
+            out = Path(self.spec["export_dir"])
+            out.mkdir(parents=True, exist_ok=True)
+            model = AutoModelForCausalLM.from_config(self.model_config, attn_implementation="sdpa")
+            missing, unexpected = model.load_state_dict(sd, strict=False)
+            if missing or unexpected:
+                raise RuntimeError(f"export: state dict mismatch (missing {missing[:5]}, unexpected {unexpected[:5]})")
+            model.save_pretrained(out, safe_serialization=True)
+            log.info("exported model to %s", out)
+        self._barrier()
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                        format=f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("DeepSpeed", "torch.distributed", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None, trainer: type[Trainer] = Trainer) -> int:
+    """One worker: read the spec, train, report a failure per rank. ``trainer``: a subclass to run."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="worker spec JSON written by llmpipe.training.launch")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    spec = json.loads(Path(args.config).read_text())
+    rank = int(os.environ.get("RANK", 0))
+    _setup_logging(rank)
+    try:
+        trainer(spec).run()
+    except BaseException as e:  # report which rank failed and why, then let torchrun see the failure
+        err_dir = Path(spec["run_dir"]) / "errors"
+        err_dir.mkdir(parents=True, exist_ok=True)
+        (err_dir / f"rank_{rank}.json").write_text(json.dumps({
+            "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()}))
+        log.error("rank %d failed: %s: %s", rank, type(e).__name__, e)
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.exit(record(main)())

@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+
+from llmpipe.config import ConfigError, load_config, parse_override
+from llmpipe.dag import plan
+from tests.conftest import ROOT
+
+
+def test_overrides_are_typed_and_dotted() -> None:
+    cfg = load_config(None, ["ingest.normalization=NFKC", "executor.workers=3", "ingest.min_chars=5"])
+    assert cfg.ingest.normalization == "NFKC"
+    assert cfg.executor.workers == 3 and cfg.ingest.min_chars == 5
+    assert parse_override("train.lr=3e-4") == (["train", "lr"], 3e-4)
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+
+
+def test_unknown_key_names_file_and_path(tmp_path: Path) -> None:
+    p = tmp_path / "x.yaml"
+    p.write_text("ingest:\n  normalisation: NFC\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert f"{p}: ingest.normalisation: unknown key" in str(e.value)
+
+
+def test_bad_value_names_key_and_reason(tmp_path: Path) -> None:
+    p = tmp_path / "x.yaml"
+    p.write_text("ingest:\n  max_docs_per_shard: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: ingest.max_docs_per_shard:") and "greater than 0" in msg and "got 0" in msg
+
+
+def test_bad_override_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(None, ["ingest.min_chars"])
+    p = tmp_path / "broken.yaml"
+    p.write_text("ingest: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_duplicate_source_names_rejected() -> None:
+    with pytest.raises(ConfigError, match="names must be unique"):
+        load_config(None, data={"sources": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]})
+
+
+def test_run_only_settings_do_not_change_keys(workdir: Path) -> None:
+    base = {"sources": [{"name": "b", "path": "builtin:tiny"}]}
+    a = plan(load_config(None, data=base))
+    b = plan(load_config(None, ["executor.workers=7", "executor.dask_workers=5"], data=base))
+    c = plan(load_config(None, ["ingest.normalization=NFKC"], data=base))
+    assert {k: v.key for k, v in a.items()} == {k: v.key for k, v in b.items()}
+    assert a["ingest"].key != c["ingest"].key
+    # a changed stage changes every key after it, nothing before it
+    names = list(a)
+    assert all(a[n].key != c[n].key for n in names)
+
+
+def test_tiny_config_is_valid() -> None:
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    assert cfg.sources and cfg.sources[0].path == "builtin:tiny"
+
+
+def test_a_renamed_section_names_its_new_key() -> None:
+    with pytest.raises(ConfigError, match=r"<config>: runner: renamed to 'executor'"):
+        load_config(None, data={"runner": {"workers": 1}})
