@@ -17,6 +17,7 @@ from pathlib import Path
 
 # benchmarks/ holds scripts named like stdlib modules (tokenize.py): keep it off the import path.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.fixtures
 
 from llmpipe.serving.config import DeployConfig  # noqa: E402
 from llmpipe.serving.loadtest import load_test  # noqa: E402

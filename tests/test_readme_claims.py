@@ -14,6 +14,8 @@ import inspect
 import io
 import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,6 +194,17 @@ def test_benchmark_table_lists_every_script_and_each_prints_a_result_line() -> N
         assert printed.search(src), f"benchmarks/{name} prints no `RESULT <metric> <value> goal <op> <target>`"
         if name.endswith(".py"):
             assert "ArgumentParser(" in src, f"benchmarks/{name} has no --help (README: run any with --help)"
+
+
+def test_every_benchmark_answers_help() -> None:
+    """README: "Run any of them with ``--help``". Also catches a benchmark a rename broke (its imports)."""
+    failed = []
+    for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
+        r = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0 or "usage:" not in r.stdout:
+            failed.append(f"{script.name}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+    assert not failed, "benchmarks whose --help fails:\n" + "\n".join(failed)
 
 
 # -- config keys and snippets -------------------------------------------------------------------------
