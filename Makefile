@@ -15,9 +15,9 @@ install: $(PY)
 	$(PY) -m pip install -qq -e '.[all]'
 	PYTHON=$(PY) bash scripts/install.sh
 
-# what the tests need besides: pytest and friends, a browser, nginx, redis-server
+# what the tests need besides: pytest and friends, kenlm (built from source), a browser, nginx, redis-server
 install-test: install
-	$(PY) -m pip install -qq -e '.[all,test]'
+	$(PY) -m pip install -qq -e '.[all,coherence,test]'
 	PYTHON=$(PY) bash scripts/install.sh --test
 
 run: install

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CURATION = ("langid", "quality", "safety", "dedup")
+# langid through dedup in DAG order (the quality-dimension and entity stages between them pass through when off)
+CURATION = ("langid", "quality", "coherence", "expertise", "safety", "entities", "dedup")
 
 
 def make_corpus(root: Path, docs: int, shards: int, seed: int = 0) -> None:

@@ -3,9 +3,12 @@
 One local Triton server (nvidia-pytriton's binary) serves the same tiny checkpoint twice: model
 ``lm_batched`` (our generated config: dynamic batching, requests of one batch generated together)
 and the baseline ``lm_unbatched`` (same repository, dynamic_batching off: one request per execute).
-Each is load-tested over gRPC with greedy requests. Last line: throughput ratio at 8 clients.
+Each is load-tested over gRPC with greedy requests. Then the streaming model ``lm_batched_stream``
+(decoupled, one response per token) is load-tested at 1 and 8 clients for the figures serving users
+quote: time to first token, inter-token latency, end-to-end latency (p50/p90/p99), output tokens/s;
+``--chart FILE`` draws them against concurrency. Last line: throughput ratio at 8 clients.
 
-    .venv/bin/python benchmarks/serve_latency.py [--requests 96] [--max-tokens 16] [--hidden 64]
+    .venv/bin/python benchmarks/serve_latency.py [--requests 96] [--max-tokens 16] [--hidden 64] [--chart f.png]
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.fixtures
 
 from llmpipe.serving.config import DeployConfig  # noqa: E402
-from llmpipe.serving.loadtest import load_test  # noqa: E402
+from llmpipe.serving.loadtest import load_test, plot_levels, stream_load_test  # noqa: E402
 from llmpipe.serving.repository import write_model_repository  # noqa: E402
 from llmpipe.serving.server import serve  # noqa: E402
 from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
@@ -33,12 +36,14 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny model")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--queue-delay-us", type=int, default=5000)
+    ap.add_argument("--stream-tokens", type=int, default=8, help="new tokens per streamed request")
+    ap.add_argument("--chart", type=Path, help="write the streaming latency-against-concurrency chart (PNG) here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_tiny_checkpoint(Path(tmp) / "ckpt", hidden=args.hidden, layers=args.layers)
         repo = Path(tmp) / "repo"
         for name, batching in (("lm_batched", True), ("lm_unbatched", False)):
-            cfg = DeployConfig(model_name=name, dynamic_batching=batching, preferred_batch_sizes=[8],
+            cfg = DeployConfig(model_name=name, dynamic_batching=batching, preferred_batch_sizes=[8], streaming=batching,
                                max_queue_delay_us=args.queue_delay_us, max_tokens_limit=max(16, args.max_tokens))
             write_model_repository(ckpt, repo, cfg, 1)
         results = {}
@@ -52,6 +57,14 @@ def main() -> None:
                     print(f"{model:13s} clients={clients}  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
                           f"throughput {r['throughput_rps']:7.2f} req/s  mean batch {r['mean_batch_size']:.2f}",
                           flush=True)
+            stream = stream_load_test(srv.grpc_url, "lm_batched_stream", concurrency=(1, 8), requests=args.requests,
+                                      max_seconds=300, max_tokens=args.stream_tokens)
+    for lv in stream["levels"]:
+        print(f"lm_batched_stream clients={lv['concurrency']}  TTFT p50/p99 {lv['ttft_p50_ms']:.1f}/{lv['ttft_p99_ms']:.1f} ms  "
+              f"ITL p50/p99 {lv['itl_p50_ms']:.2f}/{lv['itl_p99_ms']:.2f} ms  e2e p50/p99 {lv['e2e_p50_ms']:.1f}/"
+              f"{lv['e2e_p99_ms']:.1f} ms  {lv['output_tokens_per_s']:.0f} tokens/s  {lv['requests_per_s']:.1f} req/s")
+    if args.chart is not None:
+        print(f"chart: {plot_levels(stream, args.chart)}")
     on, off = results[("lm_batched", 8)], results[("lm_unbatched", 8)]
     ratio = on["throughput_rps"] / off["throughput_rps"]
     print(f"dynamic batching at 8 clients: {on['throughput_rps']:.2f} vs {off['throughput_rps']:.2f} req/s "

@@ -33,14 +33,14 @@ from llmpipe.training.trainer import Trainer  # noqa: E402
 VOCAB = 2048
 
 
-def make_cfg(args: argparse.Namespace, **over: object) -> TrainConfig:
-    kw = dict(model={"overrides": {"hidden_size": args.hidden, "intermediate_size": args.hidden * 3,
-                                   "num_hidden_layers": args.layers, "num_attention_heads": 4,
-                                   "num_key_value_heads": 4}},
-              max_steps=args.steps, global_batch_size=8, micro_batch_size=4, lr=1e-3, warmup_steps=1,
-              checkpoint_every=0, nproc_per_node=1, timeout_s=1800)
-    kw.update(over)
-    return TrainConfig(**kw)
+def make_cfg(args: argparse.Namespace, **launch: object) -> TrainConfig:
+    """The benchmark's ``train:`` section; ``launch`` adds to its ``train.launch`` settings."""
+    return TrainConfig(model={"overrides": {"hidden_size": args.hidden, "intermediate_size": args.hidden * 3,
+                                            "num_hidden_layers": args.layers, "num_attention_heads": 4,
+                                            "num_key_value_heads": 4}},
+                       max_steps=args.steps, global_batch_size=8, micro_batch_size=4,
+                       optimizer={"lr": 1e-3}, schedule={"warmup_steps": 1}, checkpoint={"every": 0},
+                       launch={"nproc_per_node": 1, "timeout_s": 1800, **launch})
 
 
 def steady(rates: list[float]) -> float:
@@ -64,7 +64,7 @@ def hand_loop(cfg: TrainConfig, data: Path, seq: int) -> float:
     conf._attn_implementation = "sdpa"
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(conf)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay)
     src = open_packed(data)
     order = GlobalOrder(len(src), cfg.seed, cfg.global_batch_size, cfg.micro_batch_size, 1)
     rates = []
@@ -75,7 +75,7 @@ def hand_loop(cfg: TrainConfig, data: Path, seq: int) -> float:
             logits = model(input_ids=ids).logits
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
             (loss / order.accum).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         rates.append(cfg.global_batch_size * seq / (time.perf_counter() - t0))
@@ -85,7 +85,7 @@ def hand_loop(cfg: TrainConfig, data: Path, seq: int) -> float:
 def launched(cfg: TrainConfig, data: Path, root: Path, seq: int) -> float:
     spec = {"train": cfg.model_dump(mode="json"), "data_dir": str(data), "seq_len": seq, "vocab_size": VOCAB,
             "checkpoint_dir": str(root / "ckpt"), "export_dir": str(root / "export")}
-    res = launch(cfg, spec, root)
+    res = launch(cfg.launch, spec, root)
     return steady([r["tokens_per_s"] for r in res.metrics])
 
 

@@ -90,6 +90,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from llmpipe.dag import state_dir
 
     cfg = _load(args)  # bad config: exit 2 before any work
+    if args.sample is not None:  # a smoke run: a fraction of each source, in a store of its own
+        from llmpipe.smoke import sample_overrides
+
+        args.overrides = [*args.overrides, *sample_overrides(cfg.store, args.sample)]
+        cfg = _load(args)
     _preflight(cfg, args)
     console = console_mod.RunConsole.for_run(state_dir(cfg), args.flow, verbose=args.verbose or not args.process)
     console.open()
@@ -110,7 +115,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows = flow_function(args.flow)(config=args.config, overrides=args.overrides,
                                         from_stage=args.from_stage, until=args.until)
     _print_table(rows, ("stage", "key", "status", "state", "seconds", "counts"), out=console.say)
+    if args.sample is not None:
+        for line in _full_run_estimate(cfg, [r["stage"] for r in rows]):
+            console.say(line)
     return EXIT_OK
+
+
+def _full_run_estimate(cfg: PipelineConfig, stages: list[str]) -> list[str]:
+    """What the full run needs, scaled up from the smoke run's stats (see ``llmpipe.smoke``)."""
+    from llmpipe.dag import open_store, plan
+    from llmpipe.smoke import full_run_estimate
+
+    planned, store = plan(cfg), open_store(cfg)
+    stats = {name: art.stats for name in stages if (art := store.get(name, planned[name].key, verify=False))}
+    return full_run_estimate(cfg.ingest.sample, stats, cfg.train.global_batch_size, cfg.tokenize.seq_len,
+                             cfg.train.max_steps)
+
+
+def _fraction(text: str) -> float:
+    from llmpipe.smoke import check_fraction
+
+    try:
+        return check_fraction(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "between" in str(e) else f"not a number: {text!r}") from None
 
 
 def _shown(path: Path) -> str:
@@ -119,6 +147,40 @@ def _shown(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def cmd_lr_find(args: argparse.Namespace) -> int:
+    """Sweep the learning rate on the config's model and data; write the curve; suggest an lr."""
+    from llmpipe.dag import MissingInput, open_store, plan, state_dir
+    from llmpipe.tokenization.layout import TOKENIZE
+    from llmpipe.training.lr_finder import plot, sweep
+    from llmpipe.training.stage import resolve_deepspeed, vocab_size_of
+
+    cfg = _load(args)
+    planned, store = plan(cfg), open_store(cfg)
+    arts = {name: store.get(name, planned[name].key) for name in ("tokenize", "tokenizer")}
+    for name, art in arts.items():
+        if art is None:
+            raise MissingInput(f"lr-find needs the {name} artifact of this config; run "
+                               f"`llmpipe run {args.config} --until tokenize` first")
+    # one process: the sweep's question (which lr) does not depend on how the model is sharded
+    train = resolve_deepspeed(cfg.train, cfg.base_dir()).model_copy(update={"strategy": "ddp"})
+    data = Path(arts["tokenize"].path)
+    seq_len = train.seq_len or json.loads((data / TOKENIZE.index).read_text())["seq_len"]
+    out = state_dir(cfg) / "lr-find" / planned["pretrain"].key[:12]
+    out.mkdir(parents=True, exist_ok=True)
+    result = sweep(train, data, seq_len, vocab_size_of(Path(arts["tokenizer"].path)), min_lr=args.min_lr,
+                   max_lr=args.max_lr, steps=args.steps, work_dir=out)
+    (out / "lr_find.json").write_text(result.to_json())
+    plot(result, out / "lr_find.png")
+    print(f"suggested learning rate: {result.suggested_lr:.3g} ({result.rule}; {len(result.lrs)} steps from "
+          f"{result.lrs[0]:.2g} to {result.lrs[-1]:.2g})")
+    print(f"curve: {_shown(out / 'lr_find.png')}; to use it: train.optimizer.lr={result.suggested_lr:.3g}")
+    if use_project_prefect(cfg.state_dir):  # the project's Prefect server is up: show it in the UI
+        from flows.common import publish_lr_find
+
+        publish_lr_find(result, out / "lr_find.png")
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -201,8 +263,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ensure_state_dirs(load_config(args.config).state_dir)
     from llmpipe.serving.server import main_serve
 
+    monitor_dir = Path(__file__).resolve().parent.parent / "deployments" / "monitoring" if args.monitor else None
     return int(main_serve(args.artifact, config=args.config, http_port=args.http_port,
-                          grpc_port=args.grpc_port, metrics_port=args.metrics_port) or 0)
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, monitor_dir=monitor_dir,
+                          prometheus_port=args.prometheus_port, alertmanager_port=args.alertmanager_port) or 0)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -251,14 +315,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run the DAG (or one flow) for a config, reusing cached stages")
     r.add_argument("config")
-    r.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=3e-4")
+    r.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.optimizer.lr=3e-4")
     r.add_argument("--flow", choices=FLOW_NAMES, default="lifecycle")
     r.add_argument("--from", dest="from_stage", metavar="STAGE")
     r.add_argument("--until", metavar="STAGE")
     r.add_argument("--no-prefect", action="store_true", help="run in-process without Prefect (debugging)")
+    r.add_argument("--sample", type=_fraction, metavar="FRACTION",
+                   help="smoke run: the same FRACTION of each source every time (by document hash), in a "
+                        "store of its own (<store>-sample-FRACTION); prints what the full run needs")
     r.add_argument("-v", "--verbose", action="store_true",
                    help="show every log line, warning and third-party message in the terminal too")
     r.set_defaults(func=cmd_run)
+
+    lf = sub.add_parser("lr-find", help="sweep the learning rate on the config's model and data, suggest one")
+    lf.add_argument("config")
+    lf.add_argument("overrides", nargs="*")
+    lf.add_argument("--steps", type=int, default=100, help="sweep length (default %(default)s)")
+    lf.add_argument("--min-lr", type=float, default=1e-5, help="first learning rate (default %(default)g)")
+    lf.add_argument("--max-lr", type=float, default=1.0, help="last learning rate (default %(default)g)")
+    lf.set_defaults(func=cmd_lr_find)
 
     s = sub.add_parser("status", help="each stage of a config: cached or not, key, size")
     s.add_argument("config")
@@ -279,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.set_defaults(func=fn)
 
     ex = sub.add_parser("export", help="write a document stage's kept (and rejected) documents to a folder")
-    ex.add_argument("stage", help="ingest, langid, quality, safety, dedup or augment")
+    ex.add_argument("stage", help="ingest, langid, quality, coherence, expertise, safety, entities, dedup, diversity, timeliness or augment")
     ex.add_argument("config")
     ex.add_argument("overrides", nargs="*")
     ex.add_argument("--to", required=True, metavar="DIR", help="folder to write kept/, rejected/ and export.json")
@@ -293,6 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--http-port", type=int, default=8000)
     sv.add_argument("--grpc-port", type=int, default=8001)
     sv.add_argument("--metrics-port", type=int, default=8002)
+    sv.add_argument("--monitor", action="store_true", help="also Prometheus and Alertmanager with the rules of "
+                    "deployments/monitoring; alerts print here")
+    sv.add_argument("--prometheus-port", type=int, default=9090)
+    sv.add_argument("--alertmanager-port", type=int, default=9093)
     sv.set_defaults(func=cmd_serve)
 
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")
@@ -333,7 +412,7 @@ def main(argv: list[str] | None = None, process: bool = False) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.process = process
-    if extra:  # overrides may come after options: `run CONFIG --until dedup train.lr=3e-4`
+    if extra:  # overrides may come after options: `run CONFIG --until dedup train.max_steps=100`
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]
         else:

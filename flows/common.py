@@ -126,3 +126,18 @@ def _answer(fut: Future[dict[str, str]]) -> dict[str, str] | None:
     except Exception:
         log.debug("prefetching the published reports failed", exc_info=True)
         return None
+
+
+def publish_lr_find(result: Any, png: Any) -> None:
+    """The LR finder's curve and suggestion as Prefect artifacts (``llmpipe lr-find`` with a server up)."""
+    import base64
+
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    url = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+    create_markdown_artifact(
+        key="lr-find", description="LR finder: loss against learning rate",
+        markdown=f"Suggested learning rate **{result.suggested_lr:.3g}** ({result.rule}).\n\n![lr finder]({url})")
+    create_table_artifact(key="lr-find-curve", description="LR finder: the sweep",
+                          table=[{"lr": lr, "loss": loss, "smoothed": sm}
+                                 for lr, loss, sm in zip(result.lrs, result.losses, result.smoothed, strict=True)])

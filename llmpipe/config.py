@@ -1,7 +1,8 @@
 """The pipeline config: one YAML file declares the sources, the store and every stage's settings.
 
-Load with :func:`load_config`, which applies dotted ``key=value`` overrides (``train.lr=3e-4``) and
-turns every validation error into one line naming the file, the dotted key path and the reason::
+Load with :func:`load_config`, which applies dotted ``key=value`` overrides
+(``train.optimizer.lr=3e-4``) and turns every validation error into one line naming the file, the
+dotted key path and the reason::
 
     configs/x.yaml: dedup.threshold: must be in (0, 1], got 1.5
 """
@@ -18,6 +19,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from llmpipe.config_base import Section, run_setting
 from llmpipe.curation.augment.config import AugmentConfig
 from llmpipe.curation.config import DedupConfig, LangIdConfig, QualityConfig, SafetyConfig
+from llmpipe.curation.dimensions_config import (
+    CoherenceConfig,
+    DiversityConfig,
+    ExpertiseConfig,
+    TimelinessConfig,
+)
+from llmpipe.curation.entities.config import EntitiesConfig
 from llmpipe.evaluation.config import EvaluateConfig
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.serving.config import DeployConfig
@@ -58,6 +66,9 @@ class IngestConfig(Section):
     min_chars: int = Field(1, ge=0, description="shorter texts (after stripping) are quarantined as empty")
     max_docs_per_shard: int = Field(20000, gt=0, description="documents per output Parquet shard")
     chunk_mb: float = Field(16, gt=0, description="uncompressed JSONL files are split into chunks of this size")
+    sample: float | None = Field(None, gt=0, lt=1, description="keep only this fraction of each source, the "
+                                 "same documents every time (by a hash of the document id): `llmpipe run "
+                                 "--sample` sets it for a smoke run")
 
 
 class ExecutorConfig(Section):
@@ -83,8 +94,13 @@ class PipelineConfig(Section):
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     langid: LangIdConfig = Field(default_factory=LangIdConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
+    coherence: CoherenceConfig = Field(default_factory=CoherenceConfig)
+    expertise: ExpertiseConfig = Field(default_factory=ExpertiseConfig)
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
+    entities: EntitiesConfig = Field(default_factory=EntitiesConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
+    diversity: DiversityConfig = Field(default_factory=DiversityConfig)
+    timeliness: TimelinessConfig = Field(default_factory=TimelinessConfig)
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
@@ -111,7 +127,7 @@ class PipelineConfig(Section):
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` → (["a","b","c"], value parsed as YAML: numbers, bools, lists, null)."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=3e-4")
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.max_steps=100")
     key, raw = item.split("=", 1)
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
@@ -155,8 +171,33 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-# keys an earlier release used -> where they live now (a config written for it gets the new name)
-RENAMED_KEYS: dict[str, str] = {"runner": "executor"}
+# keys an earlier release used -> where they live now (a config written for it gets the new name);
+# dotted paths from the top, "[]" for any list entry (sources[].x)
+RENAMED_KEYS: dict[str, str] = {
+    "runner": "executor",
+    # train: in sub-sections (pretrain stage version 3); train.schedule, once the kind, has its own error
+    "train.lr": "train.optimizer.lr", "train.weight_decay": "train.optimizer.weight_decay",
+    "train.betas": "train.optimizer.betas", "train.eps": "train.optimizer.eps",
+    "train.grad_clip": "train.optimizer.grad_clip",
+    "train.warmup_steps": "train.schedule.warmup_steps", "train.min_lr_ratio": "train.schedule.min_lr_ratio",
+    "train.restart_period": "train.schedule.restart_period",
+    "train.max_consecutive_nonfinite": "train.guards.max_consecutive_nonfinite",
+    "train.spike_factor": "train.guards.spike_factor",
+    "train.checkpoint_every": "train.checkpoint.every", "train.keep_checkpoints": "train.checkpoint.keep",
+    "train.checkpoint_dir": "train.checkpoint.dir", "train.resume": "train.checkpoint.resume",
+    "train.device": "train.launch.device", "train.launcher": "train.launch.launcher",
+    "train.nproc_per_node": "train.launch.nproc_per_node", "train.nodes": "train.launch.nodes",
+    "train.node_rank": "train.launch.node_rank", "train.rdzv_endpoint": "train.launch.rdzv_endpoint",
+    "train.rdzv_id": "train.launch.rdzv_id", "train.hostfile": "train.launch.hostfile",
+    "train.master_port": "train.launch.master_port", "train.timeout_s": "train.launch.timeout_s",
+    "train.threads_per_process": "train.launch.threads_per_process",
+}
+
+
+def renamed_key(loc: tuple[Any, ...]) -> str | None:
+    """The new name of the key at a pydantic error location, or None; list indices match "[]"."""
+    path = "".join("[]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".")
+    return RENAMED_KEYS.get(path)
 
 
 def _format_errors(origin: str, err: ValidationError) -> str:
@@ -166,8 +207,11 @@ def _format_errors(origin: str, err: ValidationError) -> str:
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        if e["type"] == "extra_forbidden" and loc in RENAMED_KEYS:
-            msg = f"renamed to {RENAMED_KEYS[loc]!r} (same keys below it)"
+        new = renamed_key(e["loc"]) if e["type"] == "extra_forbidden" else None
+        if new is not None and isinstance(e.get("input"), dict):
+            msg = f"renamed to {new!r} (same keys below it)"
+        elif new is not None:
+            msg = f"moved to {new!r}"
         elif e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the config reference in README.md)"
         elif "input" in e and e["type"] not in ("missing",) and "got" not in msg:

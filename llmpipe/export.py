@@ -36,7 +36,8 @@ from llmpipe.lazy import lazy_import
 
 pq = lazy_import("pyarrow.parquet")
 
-DOCUMENT_STAGES = ("ingest", "langid", "quality", "safety", "dedup", "augment")
+DOCUMENT_STAGES = ("ingest", "langid", "quality", "coherence", "expertise", "safety", "entities", "dedup", "diversity",
+                   "timeliness", "augment")
 FORMATS = ("parquet", "jsonl")
 KEPT_DIR, REJECTED_DIR = "kept", "rejected"
 QUARANTINE = "quarantine.jsonl"  # ingest's records that could not become documents (where + reason)

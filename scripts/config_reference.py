@@ -1,6 +1,7 @@
 """Print the config reference (markdown) from the pydantic models, so README never drifts from code.
 
-    python scripts/config_reference.py > /tmp/ref.md
+    python scripts/config_reference.py            # print it
+    python scripts/config_reference.py --write    # replace the table in README.md
 """
 
 from __future__ import annotations
@@ -63,10 +64,25 @@ def _list_item_model(ann: Any) -> type[BaseModel] | None:
     return item if isinstance(item, type) and issubclass(item, BaseModel) else None
 
 
+def table() -> str:
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    lines += [r for r in rows(PipelineConfig) if not r.startswith("| `config_path`")]
+    return "\n".join(lines)
+
+
+def write_readme(readme: Path) -> None:
+    """Replace the README's reference table (from its header row to the next blank line) in place."""
+    text = readme.read_text(encoding="utf-8")
+    start = text.index("| key | type | default | meaning |")
+    end = text.find("\n\n", start)
+    readme.write_text(text[:start] + table() + (text[end:] if end != -1 else "\n"), encoding="utf-8")
+
+
 def main() -> None:
-    print("| key | type | default | meaning |")
-    print("| --- | --- | --- | --- |")
-    print("\n".join(r for r in rows(PipelineConfig) if not r.startswith("| `config_path`")))
+    if sys.argv[1:] == ["--write"]:
+        write_readme(Path(__file__).resolve().parent.parent / "README.md")
+    else:
+        print(table())
 
 
 if __name__ == "__main__":

@@ -36,3 +36,6 @@ apt_install chromium chromium
 apt_install nginx nginx-light
 # dedup: the Redis-backed LSH index test starts a real redis-server
 apt_install redis-server redis-server
+# serving monitoring: promtool checks deployments/monitoring; the alert test runs Prometheus + Alertmanager
+apt_install promtool --no-install-recommends prometheus
+apt_install prometheus-alertmanager --no-install-recommends prometheus-alertmanager

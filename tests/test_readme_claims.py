@@ -29,7 +29,8 @@ from tests.conftest import ROOT, write_jsonl
 READMES = ("README.md", "deployments/README.md", "deployments/triton/README.md")
 REPO_DIRS = ("llmpipe", "flows", "tasks", "tests", "configs", "scripts", "benchmarks", "deployments", ".ci")
 GENERATED = ("tests/e2e/_outputs/",)  # git-ignored folders the tests create
-SECTIONS = ("executor", "ingest", "langid", "quality", "safety", "dedup", "augment", "tokenizer", "tokenize",
+SECTIONS = ("executor", "ingest", "langid", "quality", "coherence", "expertise", "safety", "entities", "dedup", "diversity",
+            "timeliness", "augment", "tokenizer", "tokenize",
             "train", "evaluate", "quantize", "deploy")
 FILE_SUFFIXES = ("py", "sh", "yaml", "yml", "json", "md", "conf", "txt", "log", "png", "parquet")
 
@@ -89,7 +90,7 @@ def test_command_table_names_every_command_and_only_real_options() -> None:
             words = span.split()
             cmd = words[1] if words[0] == "llmpipe" else words[0]
             named.setdefault(cmd, []).extend(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", span))
-    commands = set(re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(","))
+    commands = set(re.search(r"\{([a-z,-]+)\}", _cli_help()).group(1).split(","))
     assert set(named) == commands, f"README command table {sorted(named)} vs `llmpipe --help` {sorted(commands)}"
     for cmd, options in named.items():
         usage = _cli_help(cmd)
@@ -225,7 +226,7 @@ def test_every_config_key_a_readme_names_exists(readme: str) -> None:
 
 
 def _snippets(readme: str) -> Iterator[tuple[str, dict]]:
-    """``executor: {kind: dask, ...}`` and ``train.launcher: deepspeed`` spans, as config data."""
+    """``executor: {kind: dask, ...}`` and ``train.launch.launcher: deepspeed`` spans, as config data."""
     for span in _spans(readme):
         m = re.fullmatch(rf"((?:{'|'.join(SECTIONS)}|store)(?:\.[a-z_]+)*): (.+)", span)
         if m:
@@ -234,8 +235,9 @@ def _snippets(readme: str) -> Iterator[tuple[str, dict]]:
 
 
 CONTEXT = {  # a word of a snippet -> (the span that must sit beside it in the README, the config it adds)
-    "train.launcher": ("train.strategy: deepspeed", {"train": {"strategy": "deepspeed"}}),
-    "train.hostfile": ("train.strategy: deepspeed", {"train": {"strategy": "deepspeed", "launcher": "deepspeed"}}),
+    "train.launch.launcher": ("train.strategy: deepspeed", {"train": {"strategy": "deepspeed"}}),
+    "train.launch.hostfile": ("train.strategy: deepspeed",
+                              {"train": {"strategy": "deepspeed", "launch": {"launcher": "deepspeed"}}}),
     "deploy.backend: vllm": ("deploy.target: gpu", {"deploy": {"target": "gpu"}}),
 }
 
@@ -268,7 +270,7 @@ def test_every_config_snippet_a_readme_shows_is_valid(readme: str) -> None:
 
 def test_readme_overrides_are_valid() -> None:
     readme = _text("README.md")
-    for override in ("train.lr=3e-4", "langid.thresholds={en: 0.7}", "executor.workers=4"):
+    for override in ("train.optimizer.lr=3e-4", "langid.thresholds={en: 0.7}", "executor.workers=4"):
         assert f"`{override}`" in readme
         load_config(None, [override])
 
@@ -280,9 +282,9 @@ def test_training_topology_is_a_run_setting(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "d.jsonl", [{"text": "one small document"}])
     base = {"sources": [{"name": "d", "path": str(tmp_path / "d.jsonl")}]}
-    one = plan(load_config(None, ["train.nodes=1", "train.nproc_per_node=2"], data=base))
-    two = plan(load_config(None, ["train.nodes=2", "train.nproc_per_node=1", "train.node_rank=1",
-                                  "train.rdzv_endpoint=host0:29400"], data=base))
+    one = plan(load_config(None, ["train.launch.nodes=1", "train.launch.nproc_per_node=2"], data=base))
+    two = plan(load_config(None, ["train.launch.nodes=2", "train.launch.nproc_per_node=1",
+                                  "train.launch.node_rank=1", "train.launch.rdzv_endpoint=host0:29400"], data=base))
     assert {k: v.key for k, v in one.items()} == {k: v.key for k, v in two.items()}
 
 

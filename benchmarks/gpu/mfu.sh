@@ -31,9 +31,10 @@ with tempfile.TemporaryDirectory() as tmp:
     data = write_npy_fixture(Path(tmp) / "data", n=512, seq_len=seq, vocab_size=VOCAB)
     for preset in os.environ["PRESETS"].split():
         mb = MICRO.get(preset, 8)
-        cfg = TrainConfig(model={"preset": preset}, precision="bf16", device="cuda", max_steps=steps,
-                          global_batch_size=mb, micro_batch_size=mb, nproc_per_node=1, checkpoint_every=0,
-                          warmup_steps=2, compile=compile_, lr=3e-4)
+        cfg = TrainConfig(model={"preset": preset}, precision="bf16", max_steps=steps, compile=compile_,
+                          global_batch_size=mb, micro_batch_size=mb, optimizer={"lr": 3e-4},
+                          schedule={"warmup_steps": 2}, checkpoint={"every": 0},
+                          launch={"device": "cuda", "nproc_per_node": 1})
         root = Path(tmp) / preset
         spec = {"train": cfg.model_dump(mode="json"), "data_dir": str(data), "seq_len": seq,
                 "vocab_size": VOCAB, "checkpoint_dir": str(root / "ckpt"), "export_dir": str(root / "export"),

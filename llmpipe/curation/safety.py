@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from llmpipe.curation.config import BlocklistSettings, PiiSettings, SafetyConfig
+from llmpipe.curation.entities.spans import ENTITIES, shift, spans_of
 from llmpipe.curation.filters import Filter, FilterResult
 from llmpipe.curation.text import CJK_LANGS, read_word_list, shipped_languages, shipped_list
 from llmpipe.document import Document
@@ -191,3 +192,47 @@ def build_safety_filters(cfg: SafetyConfig) -> list[Filter]:
     }
     return [make[name]() for name in cfg.filters]
 
+
+# -- entity-based PII (the entities stage's ``redact`` labels) ------------------------------------
+
+
+def redact_spans(text: str, spans: list[dict], labels: set[str]) -> tuple[str, list[dict], dict[str, int]]:
+    """Replace the spans whose label is in ``labels`` by ``<LABEL>``, as e-mails become ``<EMAIL>``.
+
+    Returns the new text, the other spans shifted to their new offsets, and redactions per label.
+    """
+    edits = [(sp["start"], sp["end"], f"<{sp['label']}>") for sp in spans if sp["label"] in labels]
+    if not edits:
+        return text, spans, {}
+    counts = Counter(sp["label"] for sp in spans if sp["label"] in labels)
+    kept = shift([sp for sp in spans if sp["label"] not in labels], edits)
+    parts, pos = [], 0
+    for s, e, new in edits:
+        parts.append(text[pos:s])
+        parts.append(new)
+        pos = e
+    parts.append(text[pos:])
+    return "".join(parts), kept, dict(counts)
+
+
+class EntityRedactor(Filter):
+    """Keeps every document; redacts entity spans of the given labels (person names found by NER).
+
+    Runs in the entities stage after the recognizers; counts go to ``metadata["pii"]`` beside
+    safety's own (``{"PER": 2}``) and to the funnel's ``stats["pii"]`` per label.
+    """
+
+    name = "pii"
+
+    def __init__(self, labels: list[str]) -> None:
+        self.labels = set(labels)
+
+    def filter(self, doc: Document) -> FilterResult:
+        doc.text, kept, counts = redact_spans(doc.text, spans_of(doc.metadata), self.labels)
+        if counts:
+            doc.metadata[ENTITIES] = kept
+            pii = doc.metadata.setdefault("pii", {})
+            for label, n in sorted(counts.items()):
+                pii[label] = pii.get(label, 0) + n
+                self.stat_update(label, n)
+        return True

@@ -1,4 +1,5 @@
-"""The curation filter stages: ``langid`` (after ingest), ``quality`` (after langid), ``safety`` (after quality).
+"""The curation filter stages: ``langid`` (after ingest), ``quality`` (after langid), ``safety`` (after
+quality and the ``coherence`` / ``expertise`` stages of :mod:`llmpipe.curation.dimensions`).
 
 Each stage filters its input shards one by one through :func:`llmpipe.curation.filters.apply_filters`,
 with a per-shard cache (``ctx.cached_map``) keyed by the stage version, the stage's output-relevant
@@ -12,6 +13,7 @@ configured with no filters changes nothing: its kept shards are hard links to th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +56,18 @@ BUILDERS: dict[str, tuple[type, Callable[[Any], list[Filter]]]] = {
 }
 
 
-def filter_shard(arg: tuple[str, str, Any], out_dir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FilterJob:
+    """One shard job of a filter stage: run the filters of ``kind`` (built from ``config``) over one shard."""
+
+    kind: str  # the stage: a key of BUILDERS
+    shard: str  # the input shard's path
+    config: Any  # the stage's config section (BUILDERS[kind][0])
+
+
+def filter_shard(job: FilterJob, out_dir: Path) -> dict[str, Any]:
     """Run one stage's filters over one input shard (a top-level function: it runs in shard workers)."""
-    kind, shard, cfg = arg
+    kind, shard, cfg = job.kind, job.shard, job.config
     filters = BUILDERS[kind][1](cfg)
     name = Path(shard).name
     if not filters:
@@ -80,7 +91,7 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
     build(cfg)  # fail fast in the parent on a bad config (missing model or word-list file)
     shards = input_shards(ctx.inputs[upstream])
     key_cfg = cfg.key_dict()
-    items = [(hash_json([ctx.name, ctx.spec.version, key_cfg, s.sha256, s.name]), (kind, str(s.path), cfg))
+    items = [(hash_json([ctx.name, ctx.spec.version, key_cfg, s.sha256, s.name]), FilterJob(kind, str(s.path), cfg))
              for s in shards]
     cached = sum(1 for k, _ in items if (ctx.shard_dir(k) / "_DONE.json").exists())
     results = ctx.cached_map(filter_shard, items, desc=f"{kind} shards")
@@ -116,8 +127,8 @@ def run_quality(ctx: StageContext) -> dict[str, Any]:
 
 
 # safety 3: PII counts through the filters' stat hook: funnel.json's "pii" is now "stats": {"pii": ...}
-@stage("safety", version="3", inputs=("quality",), config_field="safety", flow="data_refresh",
+@stage("safety", version="3", inputs=("expertise",), config_field="safety", flow="data_refresh",
        requires=("regex", "matplotlib"), extra="curation")
 def run_safety(ctx: StageContext) -> dict[str, Any]:
     """Safety: per-language blocklist, PII redaction with per-type counts."""
-    return run_filter_stage(ctx, "safety", "quality")
+    return run_filter_stage(ctx, "safety", "expertise")

@@ -49,7 +49,9 @@ def load_sequences(tokenize_dir: str | Path, split: str = "val", max_sequences: 
                 lang = np.asarray(ds.languages(i), dtype=np.int64)
             except ValueError:  # this split stores no per-token languages
                 lang = None
-        seqs.append(EvalSequence(tokens, lang))
+        entity = (np.asarray(ds.entity_mask(i), dtype=np.uint8)
+                  if getattr(ds, "index", {}).get("entity_mask") else None)
+        seqs.append(EvalSequence(tokens, lang, entity))
     meta_path = Path(tokenize_dir) / f"{split}_meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta.update({"split": split, "sequences_total": len(ds), "sequences_used": len(seqs)})

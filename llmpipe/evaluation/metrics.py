@@ -46,6 +46,7 @@ class EvalSequence:
 
     tokens: Sequence[int] | np.ndarray
     lang: str | np.ndarray | None = None
+    entity: np.ndarray | None = None  # per target: 1 where it overlaps an entity span (tokenize.entity_mask)
 
 
 @dataclass
@@ -163,12 +164,14 @@ def tally_sequences(sequences: Sequence[EvalSequence], scorer: Scorer, batch_siz
                     language_names: Sequence[str] = ()) -> dict[str, Any]:
     """Overall and per-language metrics of any scorer (the model, the unigram baseline): one code path
     decides which targets count and where their bytes go, so two scorers compare on the same bytes."""
-    overall, per_lang = Tally(), {}
+    overall, per_lang, entities = Tally(), {}, Tally()
     for i in range(0, len(sequences), batch_size):
         chunk = sequences[i : i + batch_size]
         scored = scorer([np.asarray(s.tokens) for s in chunk])
         for seq, cols in zip(chunk, scored, strict=True):
             overall.add(_tally(cols, cols["scored"]))
+            if seq.entity is not None:  # the entity loss's effect: accuracy and bpb on entity targets
+                entities.add(_tally(cols, cols["scored"] & (np.asarray(seq.entity)[: len(cols["scored"])] > 0)))
             if isinstance(seq.lang, np.ndarray):
                 lang = np.asarray(seq.lang)[: len(cols["scored"])]
                 if len(lang) != len(cols["scored"]):
@@ -179,7 +182,10 @@ def tally_sequences(sequences: Sequence[EvalSequence], scorer: Scorer, batch_siz
                             _tally(cols, cols["scored"] & (lang == li)))
             else:
                 per_lang.setdefault(seq.lang or "und", Tally()).add(_tally(cols, cols["scored"]))
-    return {"overall": overall.metrics(), "per_language": {k: v.metrics() for k, v in sorted(per_lang.items())}}
+    out = {"overall": overall.metrics(), "per_language": {k: v.metrics() for k, v in sorted(per_lang.items())}}
+    if any(s.entity is not None for s in sequences):
+        out["entities"] = entities.metrics()
+    return out
 
 
 # -- generation ---------------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None, base: dict[str
     for lang in langs:
         paths.append((f"{lang}: perplexity", ("per_language", lang, "perplexity"), True))
         paths.append((f"{lang}: bits per byte", ("per_language", lang, "bits_per_byte"), True))
+    if "entities" in cur or "entities" in (prev or {}):  # the entity loss's effect, beside the overall
+        paths.append(("entity targets: accuracy", ("entities", "accuracy"), False))
+        paths.append(("entity targets: bits per byte", ("entities", "bits_per_byte"), True))
     tasks = sorted(set(cur.get("tasks", {})) | set((prev or {}).get("tasks", {})))
     for t in tasks:
         paths.append((f"task {t}: acc", ("tasks", t, "acc"), False))

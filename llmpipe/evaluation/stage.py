@@ -24,7 +24,9 @@ from llmpipe.stage import StageContext, stage
 if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when it registers
     import torch
 
-VERSION = "4"  # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats
+# 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats;
+# 5: with an entity mask in the tokenize artifact, metrics (and the baseline's) gain "entities"
+VERSION = "5"
 
 
 RESULTS = EVALUATE.results

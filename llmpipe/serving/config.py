@@ -9,6 +9,8 @@ from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config_base import Section, run_setting
 
+STREAM_SUFFIX = "_stream"  # the streaming model's name: the batch model's + this
+
 
 class DeployConfig(Section):
     """What the Triton model repository looks like, and how the release checks it.
@@ -27,7 +29,11 @@ class DeployConfig(Section):
     dynamic_batching: bool = True
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16, 32])
     max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000)
-    response_cache: bool = False  # Triton's response cache; use with greedy decoding only
+    # Triton's response cache for the batch model; greedy decoding only (a sampled answer must not be
+    # replayed). Triton 2.51 caches a refused request's error too and replays it as an empty answer.
+    response_cache: bool = False
+    streaming: bool = Field(True, description="also write the streaming model `<model_name>_stream` (decoupled: "
+                            "one response per token, over gRPC streaming and HTTP generate_stream); Python backend")
     max_prompt_tokens: int = Field(512, ge=1)
     max_tokens_limit: int = Field(256, ge=1)
     default_max_tokens: int = Field(16, ge=1)
@@ -40,7 +46,11 @@ class DeployConfig(Section):
     load_max_seconds: float = run_setting(60.0, gt=0)
     load_max_tokens: int = run_setting(8, ge=1)
     load_protocol: Literal["http", "grpc"] = run_setting("grpc")
+    load_concurrency: list[int] = run_setting([1, 4, 8, 16], description="concurrency levels of the streaming "
+                                              "load test (TTFT, ITL, e2e per level); load_requests each")
     slo_p99_ms: float = run_setting(200.0, gt=0)
+    slo_figure: Literal["e2e", "ttft", "itl"] = run_setting("e2e", description="the latency whose p99 "
+                                                            "slo_p99_ms bounds, at every load_concurrency level")
     startup_timeout_s: float = run_setting(180.0, gt=0)
 
     @field_validator("model_name")
@@ -49,6 +59,11 @@ class DeployConfig(Section):
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", v):
             raise ValueError(f"must be letters, digits, '_', '.', '-' (a Triton model name), got {v!r}")
         return v
+
+    @property
+    def stream_model_name(self) -> str:
+        """The streaming (decoupled) model written beside the batch model."""
+        return f"{self.model_name}{STREAM_SUFFIX}"
 
     @model_validator(mode="after")
     def _consistent(self) -> DeployConfig:
@@ -59,6 +74,11 @@ class DeployConfig(Section):
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(f"default_max_tokens ({self.default_max_tokens}) must be <= max_tokens_limit "
                              f"({self.max_tokens_limit})")
+        if not self.load_concurrency or any(not 1 <= c <= 256 for c in self.load_concurrency):
+            raise ValueError(f"load_concurrency must list levels in [1, 256], got {self.load_concurrency}")
+        if self.slo_figure != "e2e" and not (self.streaming and self.backend == "python"):
+            raise ValueError(f"slo_figure {self.slo_figure!r} is measured on the streaming model: it needs "
+                             "streaming: true and backend 'python' (else use 'e2e')")
         if self.backend == "vllm" and self.target != "gpu":
             raise ValueError("backend 'vllm' needs target 'gpu' (Triton's vLLM backend runs on GPUs only)")
         return self

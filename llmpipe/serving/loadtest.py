@@ -2,7 +2,9 @@
 
 The load test reports latency percentiles, throughput and the server's own batch-size histogram
 (model statistics API, diffed before/after so only this run counts), and raises SloViolation when
-p99 is over the objective, which fails the release. The figures are measurements of one run: the
+p99 is over the objective, which fails the release. The streaming load test (``stream_load_test``)
+measures what serving users quote, per concurrency level: time to first token, inter-token latency,
+end-to-end latency (p50/p90/p99), output tokens/s and requests/s (definitions below, as GenAI-Perf's). The figures are measurements of one run: the
 deploy stage keeps them in its manifest's stats; ``out_path`` writes them to a file of the caller's
 (a benchmark's), never into an artifact.
 """
@@ -10,8 +12,11 @@ deploy stage keeps them in its manifest's stats; ``out_path`` writes them to a f
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +42,30 @@ def _loopback(url: str) -> None:
 
 
 def smoke_test(url: str, model: str, protocol: Protocol = "http", prompt: str = "Hello",
-               max_tokens: int = 4) -> dict[str, Any]:
-    """One request by text and one by ids; raises on any error or malformed answer."""
+               max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
+    """One request by text and one by ids (``stream``: read as a stream of tokens, the streaming
+    model's way); raises on any error or malformed answer."""
     _loopback(url)
     with TextClient(url, model, protocol) as c:
         t0 = time.perf_counter()
-        g = c.generate(prompt=prompt, max_tokens=max_tokens)
+        ids = _ask(c, stream, max_tokens, prompt=prompt)
         ms = (time.perf_counter() - t0) * 1000
-        if not 1 <= len(g.output_ids) <= max_tokens:
-            raise RuntimeError(f"smoke test ({protocol}): expected 1..{max_tokens} tokens, got {g.output_ids}")
-        g2 = c.generate(input_ids=g.output_ids[:1] or [0], max_tokens=1)
-        if len(g2.output_ids) != 1:
-            raise RuntimeError(f"smoke test ({protocol}): ids request returned {g2.output_ids}")
-    return {"protocol": protocol, "ok": True, "latency_ms": round(ms, 2), "tokens": len(g.output_ids)}
+        if not 1 <= len(ids) <= max_tokens:
+            raise RuntimeError(f"smoke test ({model}, {protocol}): expected 1..{max_tokens} tokens, got {ids}")
+        again = _ask(c, stream, 1, input_ids=ids[:1] or [0])
+        if len(again) != 1:
+            raise RuntimeError(f"smoke test ({model}, {protocol}): ids request returned {again}")
+    return {"protocol": protocol, "model": model, "stream": stream, "ok": True, "latency_ms": round(ms, 2),
+            "tokens": len(ids)}
+
+
+def _ask(c: TextClient, stream: bool, max_tokens: int, **what: Any) -> list[int]:
+    if not stream:
+        return c.generate(max_tokens=max_tokens, **what).output_ids
+    chunks = list(c.stream(max_tokens=max_tokens, **what))
+    if not chunks or not chunks[-1].final:
+        raise RuntimeError(f"smoke test ({c.model}): the stream ended without a final response")
+    return [t for ch in chunks for t in ch.output_ids]
 
 
 def batch_histogram(stats: dict[str, Any], model: str) -> dict[int, int]:
@@ -78,6 +94,32 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
 
+def run_clients(worker: Callable[[], None], clients: int) -> float:
+    """``clients`` threads running ``worker`` at once; the wall-clock seconds until the last one ends."""
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
+class Tickets:
+    """Request numbers for the client threads, until ``requests`` are handed out or ``deadline`` passes."""
+
+    def __init__(self, requests: int, deadline: float) -> None:
+        self.requests, self.deadline, self.issued = requests, deadline, 0
+        self.lock = threading.Lock()
+
+    def take(self) -> int | None:
+        with self.lock:
+            if self.issued >= self.requests or time.monotonic() > self.deadline:
+                return None
+            self.issued += 1
+            return self.issued - 1
+
+
 def load_test(url: str, model: str, *, protocol: Protocol = "grpc", clients: int = 4, requests: int = 64,
               max_seconds: float = 60.0, max_tokens: int = 8, prompts: tuple[str, ...] = DEFAULT_PROMPTS,
               slo_p99_ms: float | None = None, out_path: Path | None = None) -> dict[str, Any]:
@@ -86,19 +128,11 @@ def load_test(url: str, model: str, *, protocol: Protocol = "grpc", clients: int
     lat: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
-    issued = [0]
-    deadline = time.monotonic() + max_seconds
-
-    def take() -> int | None:
-        with lock:
-            if issued[0] >= requests or time.monotonic() > deadline:
-                return None
-            issued[0] += 1
-            return issued[0] - 1
+    tickets = Tickets(requests, time.monotonic() + max_seconds)
 
     def worker() -> None:
         with TextClient(url, model, protocol) as c:
-            while (i := take()) is not None:
+            while (i := tickets.take()) is not None:
                 t0 = time.perf_counter()
                 try:
                     c.generate(prompt=prompts[i % len(prompts)], max_tokens=max_tokens)
@@ -111,13 +145,7 @@ def load_test(url: str, model: str, *, protocol: Protocol = "grpc", clients: int
 
     with TextClient(url, model, protocol) as c:
         before = batch_histogram(c.statistics(), model)
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        wall = run_clients(worker, clients)
         hist = _settled_histogram(c, model, before, len(lat))
     execs = sum(hist.values())
     result = {
@@ -140,3 +168,174 @@ def load_test(url: str, model: str, *, protocol: Protocol = "grpc", clients: int
         raise SloViolation(f"load test: p99 {result['p99_ms']} ms > deploy.slo_p99_ms {slo_p99_ms} ms "
                            f"({clients} clients, {protocol}, p50 {result['p50_ms']} ms)")
     return result
+
+
+# -- streaming: the figures serving users quote ----------------------------------------------------
+# Definitions (as NVIDIA's GenAI-Perf / AIPerf define them; the README repeats them):
+#   TTFT   time to first token: from sending a request to receiving its first token
+#   ITL    inter-token latency: (e2e - TTFT) / (output tokens - 1), one value per request of 2+ tokens
+#   e2e    end-to-end request latency: from sending a request to receiving its final response
+#   output tokens/s  all output tokens of a level / the level's wall time (first send to last answer)
+#   requests/s       answered requests of a level / the level's wall time
+STREAM_FIGURES = ("ttft", "itl", "e2e")
+SLO_FIGURES = STREAM_FIGURES
+QUANTILES = (50, 90, 99)
+
+
+@dataclass
+class StreamRecord:
+    """The client-side timestamps of one streamed request (time.perf_counter seconds)."""
+
+    sent: float
+    arrivals: list[float] = field(default_factory=list)  # one per response that carried tokens
+    tokens: int = 0
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.arrivals[0] - self.sent) * 1000
+
+    @property
+    def e2e_ms(self) -> float:
+        return (self.arrivals[-1] - self.sent) * 1000
+
+    @property
+    def itl_ms(self) -> float | None:
+        return (self.e2e_ms - self.ttft_ms) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+def stream_figures(records: list[StreamRecord], wall_s: float) -> dict[str, Any]:
+    """p50/p90/p99 (and mean) of TTFT, ITL and e2e, output tokens/s and requests/s of one level."""
+    done = [r for r in records if r.arrivals]
+    values = {"ttft": [r.ttft_ms for r in done], "e2e": [r.e2e_ms for r in done],
+              "itl": [v for r in done if (v := r.itl_ms) is not None]}
+    row: dict[str, Any] = {"requests": len(done), "output_tokens": sum(r.tokens for r in done)}
+    for name in STREAM_FIGURES:
+        for q in QUANTILES:
+            row[f"{name}_p{q}_ms"] = round(percentile(values[name], q), 3)
+        row[f"{name}_mean_ms"] = round(float(np.mean(values[name])), 3) if values[name] else float("nan")
+    row["output_tokens_per_s"] = round(row["output_tokens"] / wall_s, 2) if wall_s > 0 else 0.0
+    row["requests_per_s"] = round(len(done) / wall_s, 2) if wall_s > 0 else 0.0
+    row["seconds"] = round(wall_s, 3)
+    return row
+
+
+EventHook = Callable[[int, str], None]  # (request number, "sent" | "chunk"), for tests' own clocks
+
+
+def _stream_level(url: str, model: str, protocol: Protocol, concurrency: int, requests: int,
+                  deadline: float, max_tokens: int, prompts: tuple[str, ...],
+                  on_event: EventHook | None) -> dict[str, Any]:
+    """``concurrency`` clients, each streaming one request at a time, until ``requests`` are done."""
+    records: list[StreamRecord] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    tickets = Tickets(requests, deadline)
+
+    def worker() -> None:
+        with TextClient(url, model, protocol) as c:
+            while (i := tickets.take()) is not None:
+                if on_event is not None:
+                    on_event(i, "sent")
+                rec = StreamRecord(time.perf_counter())
+                try:
+                    for chunk in c.stream(prompt=prompts[i % len(prompts)], max_tokens=max_tokens):
+                        if chunk.output_ids:
+                            rec.arrivals.append(chunk.arrived)
+                            rec.tokens += len(chunk.output_ids)
+                            if on_event is not None:
+                                on_event(i, "chunk")
+                except Exception as e:  # noqa: BLE001 - counted and reported, the run goes on
+                    with lock:
+                        errors.append(str(e)[:200])
+                    continue
+                with lock:
+                    records.append(rec)
+
+    wall = run_clients(worker, concurrency)
+    row = {"concurrency": concurrency, **stream_figures(records, wall),
+           "errors": len(errors)}
+    row["error_samples"] = errors[:3]
+    return row
+
+
+def stream_load_test(url: str, model: str, *, protocol: Protocol = "grpc",
+                     concurrency: Sequence[int] = (1, 4, 8, 16), requests: int = 64, max_seconds: float = 60.0,
+                     max_tokens: int = 16, prompts: tuple[str, ...] = DEFAULT_PROMPTS,
+                     slo_figure: str = "e2e", slo_p99_ms: float | None = None,
+                     on_event: EventHook | None = None) -> dict[str, Any]:
+    """TTFT, ITL, e2e (p50/p90/p99), output tokens/s and requests/s of a streaming model, per level.
+
+    Each concurrency level sends ``requests`` greedy requests (at most ``max_seconds`` per level).
+    ``slo_p99_ms`` is checked against the p99 of ``slo_figure`` ("ttft", "itl" or "e2e") at every
+    level: SloViolation names the first level over it; any failed request raises RuntimeError.
+    """
+    _loopback(url)
+    if slo_figure not in SLO_FIGURES:
+        raise ValueError(f"slo_figure must be one of {SLO_FIGURES}, got {slo_figure!r}")
+    levels = [_stream_level(url, model, protocol, c, requests, time.monotonic() + max_seconds, max_tokens,
+                            prompts, on_event) for c in concurrency]
+    key = f"{slo_figure}_p99_ms"
+    worst = max((lv[key] for lv in levels), default=float("nan"))
+    result = {"protocol": protocol, "model": model, "max_tokens": max_tokens, "levels": levels,
+              "slo_figure": slo_figure, "slo_p99_ms": slo_p99_ms, "worst_p99_ms": worst}
+    failed = [lv for lv in levels if lv["errors"]]
+    result["slo_ok"] = not failed and all(lv["requests"] for lv in levels) and (
+        slo_p99_ms is None or worst <= slo_p99_ms)
+    if failed:
+        lv = failed[0]
+        raise RuntimeError(f"streaming load test: {lv['errors']} requests failed at concurrency "
+                           f"{lv['concurrency']}, e.g. {lv['error_samples'][0]}")
+    over = [lv for lv in levels if slo_p99_ms is not None and lv[key] > slo_p99_ms]
+    if over:
+        lv = over[0]
+        raise SloViolation(f"streaming load test: p99 {slo_figure} {lv[key]} ms > deploy.slo_p99_ms "
+                           f"{slo_p99_ms} ms at concurrency {lv['concurrency']} ({protocol}, "
+                           f"p50 {lv[f'{slo_figure}_p50_ms']} ms); deploy.slo_figure names the figure")
+    return result
+
+
+def plot_levels(result: dict[str, Any], path: Path) -> Path:
+    """A PNG of p50 and p99 TTFT, ITL and e2e latency against concurrency (for benchmarks: a
+    measurement, so it goes to a file the caller names, never into an artifact)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = result["levels"]
+    xs = [lv["concurrency"] for lv in levels]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, name in zip(axes, STREAM_FIGURES, strict=True):
+        for q, style in ((50, "o-"), (99, "s--")):
+            ax.plot(xs, [lv[f"{name}_p{q}_ms"] for lv in levels], style, label=f"p{q}")
+        ax.set_title({"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end to end"}[name])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("ms")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{result['model']} over {result['protocol']}, {result['max_tokens']} new tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def levels_markdown(result: dict[str, Any], width: int = 40) -> str:
+    """Latency against concurrency as a markdown table with text bars (p99 of each figure), for the
+    UI: it is built from the stats, so a measurement never becomes an artifact file."""
+    levels = result["levels"]
+    top = max((v for lv in levels for f in STREAM_FIGURES if not math.isnan(v := lv[f"{f}_p99_ms"])),
+              default=0.0) or 1.0
+    lines = [f"p99 latency against concurrency: {result['model']} over {result['protocol']}, "
+             f"{result['max_tokens']} new tokens (bar: e2e p99, full width {top:.1f} ms)", "",
+             "| clients | TTFT p50 / p99 ms | ITL p50 / p99 ms | e2e p50 / p99 ms | tokens/s | e2e p99 |",
+             "| ---: | ---: | ---: | ---: | ---: | :--- |"]
+    for lv in levels:
+        bar = "" if math.isnan(lv["e2e_p99_ms"]) else "█" * max(1, round(width * lv["e2e_p99_ms"] / top))
+        lines.append(f"| {lv['concurrency']} | {lv['ttft_p50_ms']:.1f} / {lv['ttft_p99_ms']:.1f} | "
+                     f"{lv['itl_p50_ms']:.1f} / {lv['itl_p99_ms']:.1f} | {lv['e2e_p50_ms']:.1f} / "
+                     f"{lv['e2e_p99_ms']:.1f} | {lv['output_tokens_per_s']:.0f} | `{bar}` |")
+    return "\n".join(lines) + "\n"

@@ -6,6 +6,11 @@ Layout (Python backend)::
     <repo>/<model>/<version>/model.py                 # llmpipe/serving/triton_model.py
     <repo>/<model>/<version>/llmpipe_serving.json     # request limits read by model.py
     <repo>/<model>/<version>/checkpoint/...           # the quantize artifact's HF checkpoint (hard links)
+    <repo>/<model>_stream/...                         # with ``streaming``: the same files, decoupled config
+
+The streaming model runs the same model.py: its config.pbtxt sets ``model_transaction_policy
+{ decoupled: true }``, so it answers each request with one response per generated token (gRPC
+streaming, HTTP ``generate_stream``); it has no response cache (Triton caches only one-response models).
 
 With ``backend: vllm`` the version dir holds ``model.json`` for Triton's vLLM backend instead of
 model.py (decoupled streaming, ``max_batch_size: 0``: vLLM batches on its own).
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.files import link_file
-from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.config import STREAM_SUFFIX, DeployConfig
 from llmpipe.serving.layout import DEPLOY
 from llmpipe.serving.triton_model import CHECKPOINT_DIR, SETTINGS_FILE
 
@@ -36,8 +41,8 @@ INPUTS = (
 OUTPUTS = (("text", "TYPE_UINT8", "[ -1 ]"), ("output_ids", "TYPE_INT64", "[ -1 ]"))
 
 
-def render_config(cfg: DeployConfig) -> str:
-    """config.pbtxt text for the chosen backend."""
+def render_config(cfg: DeployConfig, streaming: bool = False) -> str:
+    """config.pbtxt text for the chosen backend; ``streaming``: the decoupled model beside the batch one."""
     kind = "KIND_GPU" if cfg.target == "gpu" else "KIND_CPU"
     if cfg.backend == "vllm":
         return "\n".join([
@@ -45,7 +50,8 @@ def render_config(cfg: DeployConfig) -> str:
             "model_transaction_policy { decoupled: true }",
             f"instance_group [ {{ count: {cfg.instance_count} kind: KIND_MODEL }} ]", "",
         ])
-    lines = [f'name: "{cfg.model_name}"', 'backend: "python"', f"max_batch_size: {cfg.max_batch_size}"]
+    model = cfg.stream_model_name if streaming else cfg.model_name
+    lines = [f'name: "{model}"', 'backend: "python"', f"max_batch_size: {cfg.max_batch_size}"]
     for name, dtype, dims, optional in INPUTS:
         ragged = " allow_ragged_batch: true" if dims == "[ -1 ]" else ""
         opt = " optional: true" if optional else ""
@@ -57,19 +63,28 @@ def render_config(cfg: DeployConfig) -> str:
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {sizes} ] "
                      f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} }}")
     lines.append(f"instance_group [ {{ count: {cfg.instance_count} kind: {kind} }} ]")
-    if cfg.response_cache:
+    if streaming:
+        lines.append("model_transaction_policy { decoupled: true }")
+    elif cfg.response_cache:
         lines.append("response_cache { enable: true }")
     return "\n".join(lines) + "\n"
 
 
 def write_model_repository(checkpoint: Path, repo: Path, cfg: DeployConfig, version: int) -> Path:
-    """Write the repository under ``repo``; returns the model's version directory."""
+    """Write the repository under ``repo``; returns the (batch) model's version directory."""
     if version < 1:
         raise ValueError(f"model version must be >= 1, got {version}")
-    model_dir = repo / cfg.model_name
+    vdir = _write_model(checkpoint, repo, cfg, version, streaming=False)
+    if cfg.streaming and cfg.backend == "python":  # vLLM's backend streams on its own
+        _write_model(checkpoint, repo, cfg, version, streaming=True)
+    return vdir
+
+
+def _write_model(checkpoint: Path, repo: Path, cfg: DeployConfig, version: int, streaming: bool) -> Path:
+    model_dir = repo / (cfg.stream_model_name if streaming else cfg.model_name)
     vdir = model_dir / str(version)
     vdir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(render_config(cfg))
+    (model_dir / "config.pbtxt").write_text(render_config(cfg, streaming))
     for f in sorted(Path(checkpoint).rglob("*")):
         if f.is_file():
             link_file(f, vdir / CHECKPOINT_DIR / f.relative_to(checkpoint))
@@ -110,13 +125,19 @@ def serving_copy(repo: Path) -> Path:
 
 
 def model_config_summary(repo: Path) -> dict[str, Any]:
-    """Model name and version of a generated repository (one model, one version)."""
-    models = [p for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file()]
-    if len(models) != 1:
-        raise ValueError(f"{repo}: expected one model with config.pbtxt, found {[p.name for p in models]}")
-    versions = sorted(int(p.name) for p in models[0].iterdir() if p.is_dir() and p.name.isdigit())
+    """Model name, version and options of a generated repository (one batch model, and its
+    streaming model when there is one)."""
+    models = {p.name: p for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file()}
+    streams = [n for n in models if n.endswith(STREAM_SUFFIX) and n[: -len(STREAM_SUFFIX)] in models]
+    batch = [n for n in models if n not in streams]
+    if len(batch) != 1:
+        raise ValueError(f"{repo}: expected one model with config.pbtxt (and its streaming model), "
+                         f"found {sorted(models)}")
+    model_dir = models[batch[0]]
+    versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
     if not versions:
-        raise ValueError(f"{models[0]}: no numeric version directory")
-    text = (models[0] / "config.pbtxt").read_text()
-    return {"model": models[0].name, "version": versions[-1], "backend": "vllm" if '"vllm"' in text else "python",
-            "response_cache": "response_cache" in text}
+        raise ValueError(f"{model_dir}: no numeric version directory")
+    text = (model_dir / "config.pbtxt").read_text()
+    stream = streams[0] if streams else None
+    return {"model": model_dir.name, "version": versions[-1], "backend": "vllm" if '"vllm"' in text else "python",
+            "response_cache": "response_cache" in text, "stream_model": stream}

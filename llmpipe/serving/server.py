@@ -161,7 +161,9 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
            "--http-address=127.0.0.1", f"--http-port={ports[0]}",
            "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}",
            "--metrics-address=127.0.0.1", f"--metrics-port={ports[2]}",
-           "--exit-timeout-secs=5", "--log-verbose=0", "--strict-readiness=true"]
+           "--exit-timeout-secs=5", "--log-verbose=0", "--strict-readiness=true",
+           # request/queue latency quantiles on the metrics port (the p99 alert of deployments/monitoring)
+           "--metrics-config=summary_latencies=true"]
     if any("response_cache" in c.read_text() for c in configs):
         cmd.append(f"--cache-config=local,size={cache_bytes}")
     _remove_stale_regions()
@@ -246,15 +248,22 @@ def resolve_artifact(artifact: str | Path | None, config: str | Path | None = No
 
 
 def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None = None, http_port: int = 8000,
-               grpc_port: int = 8001, metrics_port: int = 8002, startup_timeout_s: float = 180.0) -> int:
-    """``llmpipe serve [ARTIFACT]``: serve a deploy artifact (or a model repository) until Ctrl-C."""
+               grpc_port: int = 8001, metrics_port: int = 8002, startup_timeout_s: float = 180.0,
+               monitor_dir: Path | None = None, prometheus_port: int = 9090, alertmanager_port: int = 9093) -> int:
+    """``llmpipe serve [ARTIFACT]``: serve a deploy artifact (or a model repository) until Ctrl-C.
+
+    ``monitor_dir`` (``--monitor``: deployments/monitoring): also Prometheus scraping the server with
+    its ``alerts.yml`` and Alertmanager routing with its ``alertmanager.yml`` to a local webhook that
+    prints every alert here; they stop with the server.
+    """
     repo = resolve_artifact(artifact_dir, config)
     try:  # SIGTERM/SIGHUP stop it like Ctrl-C: the server and its stubs are stopped, not left serving
         with interrupt_on(signal.SIGTERM, signal.SIGHUP), \
-                serve(repo, http_port, grpc_port, metrics_port=metrics_port, startup_timeout_s=startup_timeout_s) as server:
+                serve(repo, http_port, grpc_port, metrics_port=metrics_port, startup_timeout_s=startup_timeout_s) as server, \
+                _monitoring(server, monitor_dir, prometheus_port, alertmanager_port):
             models = ", ".join(c.parent.name for c in sorted(server.repo.glob("*/config.pbtxt")))
             print(f"serving {models}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
-                  f"(log {server.log_path}); Ctrl-C stops", flush=True)
+                  f"metrics 127.0.0.1:{server.metrics_port}  (log {server.log_path}); Ctrl-C stops", flush=True)
             while server.process.poll() is None:
                 time.sleep(0.5)
             print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
@@ -262,3 +271,24 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
             return 1
     except KeyboardInterrupt:
         return 0
+
+
+@contextmanager
+def _monitoring(server: TritonServer, monitor_dir: Path | None, prometheus_port: int,
+                alertmanager_port: int) -> Iterator[None]:
+    if monitor_dir is None:
+        yield
+        return
+    from llmpipe.serving import monitoring
+
+    work = Path(tempfile.mkdtemp(prefix="llmpipe-monitor-"))
+    try:
+        with monitoring.monitor(work, [f"127.0.0.1:{server.metrics_port}"], [Path(monitor_dir) / "alerts.yml"],
+                                Path(monitor_dir) / "alertmanager.yml", prometheus_port=prometheus_port,
+                                alertmanager_port=alertmanager_port,
+                                on_notification=lambda n: print(monitoring.describe(n), flush=True)) as mon:
+            print(f"monitoring: Prometheus {mon.prometheus.url}  Alertmanager {mon.alertmanager.url}  "
+                  f"(rules {Path(monitor_dir) / 'alerts.yml'}; alerts print here)", flush=True)
+            yield
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

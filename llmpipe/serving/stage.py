@@ -4,11 +4,16 @@ Output artifact::
 
     model_repository/<model>/...   # see llmpipe/serving/repository.py
     deploy.json                    # model, version, backend, ports the production manifests use
-    triton.env                     # MODEL_NAME / MODEL_VERSION for deployments/triton/docker-compose.yml
+    triton.env                     # MODEL_NAME / STREAM_MODEL_NAME / MODEL_VERSION for deployments/triton/
 
-The smoke- and load-test figures (latencies, throughput, the batch histogram) are measurements of
-one run: they go to the manifest's stats and the ``deploy-latency`` report, not into the files, and
-the server runs on a copy of the repository (see ``server.serve``), so it writes nothing here either.
+The repository holds the batch model and (``deploy.streaming``) its streaming model. The check
+smoke-tests both over HTTP and gRPC, load-tests the batch model (latency, throughput, the server's
+batch histogram) and the streaming model at each ``deploy.load_concurrency`` level (TTFT, ITL, e2e
+p50/p90/p99, output tokens/s, requests/s), and fails the release when the p99 of
+``deploy.slo_figure`` is over ``deploy.slo_p99_ms`` at any level. These figures are measurements of
+one run: they go to the manifest's stats and the ``deploy-latency`` / ``deploy-streaming`` reports,
+not into the files, and the server runs on a copy of the repository (see ``server.serve``), so it
+writes nothing here either.
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ from llmpipe.stage import StageContext, stage
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
-
-@stage("deploy", version="3", inputs=("quantize",), config_field="deploy", flow="release",
+@stage("deploy", version="4", inputs=("quantize",), config_field="deploy", flow="release",
        requires=("torch", "transformers", "tritonclient"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
@@ -40,11 +44,14 @@ def run_deploy(ctx: StageContext) -> dict[str, Any]:
     # the version is the config's, never the store's history: the same key holds the same bytes anywhere
     version = cfg.model_version
     write_model_repository(ckpt, ctx.out / DEPLOY.repository, cfg, version)
-    info = {"model": cfg.model_name, "version": version, "backend": cfg.backend, "target": cfg.target,
-            "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,
+    stream_model = cfg.stream_model_name if _streams(cfg) else None
+    info = {"model": cfg.model_name, "stream_model": stream_model, "version": version, "backend": cfg.backend,
+            "target": cfg.target, "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,
             "repository": DEPLOY.repository}
     (ctx.out / DEPLOY.info).write_text(json.dumps(info, indent=2) + "\n")
-    (ctx.out / DEPLOY.env).write_text(f"MODEL_NAME={cfg.model_name}\nMODEL_VERSION={version}\n")
+    # compose loads STREAM_MODEL_NAME too: the batch model again where there is no streaming model
+    (ctx.out / DEPLOY.env).write_text(f"MODEL_NAME={cfg.model_name}\nSTREAM_MODEL_NAME={stream_model or cfg.model_name}"
+                                      f"\nMODEL_VERSION={version}\n")
     ctx.log.info("deploy: %s v%d (%s, %s) from %s", cfg.model_name, version, cfg.backend, cfg.target, ckpt)
     stats: dict[str, Any] = {"model": cfg.model_name, "version": version, "backend": cfg.backend}
     reason = _skip_reason(cfg)
@@ -67,27 +74,65 @@ def _skip_reason(cfg: DeployConfig) -> str | None:
     return None
 
 
+def _streams(cfg: DeployConfig) -> bool:
+    return cfg.streaming and cfg.backend == "python"
+
+
 def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
-    """Start the generated repository on a local server: smoke test (HTTP, gRPC), then the load test."""
+    """Start the generated repository on a local server: smoke tests (HTTP, gRPC; batch and streaming
+    model), the batch model's load test, then the streaming load test per concurrency level."""
     from llmpipe.serving import loadtest, server
-    ctx.progress("start tritonserver", 0, 3)
+    streaming = _streams(cfg)
+    ctx.progress("start tritonserver", 0, 4)
     with server.serve(ctx.out / DEPLOY.repository, startup_timeout_s=cfg.startup_timeout_s) as srv:
         smoke = [loadtest.smoke_test(srv.http_url, cfg.model_name, "http"),
                  loadtest.smoke_test(srv.grpc_url, cfg.model_name, "grpc")]
-        ctx.progress("load test", 1, 3)
+        if streaming:
+            smoke += [loadtest.smoke_test(srv.http_url, cfg.stream_model_name, "http", stream=True),
+                      loadtest.smoke_test(srv.grpc_url, cfg.stream_model_name, "grpc", stream=True)]
+        ctx.progress("load test", 1, 4)
         url = srv.grpc_url if cfg.load_protocol == "grpc" else srv.http_url
         result = loadtest.load_test(
             url, cfg.model_name, protocol=cfg.load_protocol, clients=cfg.load_clients,
             requests=cfg.load_requests, max_seconds=cfg.load_max_seconds, max_tokens=cfg.load_max_tokens,
-            slo_p99_ms=cfg.slo_p99_ms)
-    ctx.progress("done", 3, 3)
+            slo_p99_ms=None if streaming else cfg.slo_p99_ms)
+        stream = None
+        if streaming:
+            ctx.progress("streaming load test", 2, 4)
+            stream = loadtest.stream_load_test(
+                url, cfg.stream_model_name, protocol=cfg.load_protocol, concurrency=cfg.load_concurrency,
+                requests=cfg.load_requests, max_seconds=cfg.load_max_seconds, max_tokens=cfg.load_max_tokens,
+                slo_figure=cfg.slo_figure, slo_p99_ms=cfg.slo_p99_ms)
+    ctx.progress("done", 4, 4)
     stats = {"verified": True, "smoke": smoke, **{k: result[k] for k in LOAD_TEST_STATS},
-             "load_seconds": result["seconds"], **{f"smoke_{s['protocol']}_ms": s["latency_ms"] for s in smoke}}
-    ctx.report_stats("deploy-latency", "Triton load test",
-                     [*LOAD_TEST_STATS, "load_seconds", *(f"smoke_{s['protocol']}_ms" for s in smoke)])
+             "load_seconds": result["seconds"], **{_smoke_key(s): s["latency_ms"] for s in smoke}}
+    fields = [*LOAD_TEST_STATS, "load_seconds", *(_smoke_key(s) for s in smoke)]
+    if stream is not None:
+        stats.update(_stream_stats(ctx, cfg, stream))
+        fields += ["slo_figure", "slo_worst_p99_ms"]
+    ctx.report_stats("deploy-latency", "Triton load test", fields)
     return stats
 
 
-# The load test's figures that the manifest's stats keep (and the deploy-latency report shows).
+def _stream_stats(ctx: StageContext, cfg: DeployConfig, stream: dict[str, Any]) -> dict[str, Any]:
+    """The streaming load test's stats (they replace the batch test's slo_*), and its two reports:
+    the per-level table and the latency-against-concurrency chart, both read from the stats."""
+    from llmpipe.serving import loadtest
+
+    ctx.report_from_stats("table", "deploy-streaming", "Streaming load test: TTFT, ITL, e2e per concurrency",
+                          "stream_levels")
+    ctx.report_from_stats("markdown", "deploy-streaming-chart", "Latency against concurrency", "stream_chart")
+    return {"slo_figure": stream["slo_figure"], "slo_p99_ms": cfg.slo_p99_ms, "slo_ok": stream["slo_ok"],
+            "slo_worst_p99_ms": stream["worst_p99_ms"], "stream_model": cfg.stream_model_name,
+            "stream_levels": [{k: v for k, v in lv.items() if k != "error_samples"} for lv in stream["levels"]],
+            "stream_chart": loadtest.levels_markdown(stream)}
+
+
+def _smoke_key(smoke: dict[str, Any]) -> str:
+    return f"smoke_{'stream_' if smoke.get('stream') else ''}{smoke['protocol']}_ms"
+
+
+# The batch load test's figures that the manifest's stats keep (and the deploy-latency report shows);
+# with a streaming model, slo_* are the streaming load test's SLO check.
 LOAD_TEST_STATS = ("protocol", "clients", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms",
                    "slo_p99_ms", "slo_ok", "throughput_rps", "mean_batch_size", "batch_histogram")

@@ -1,7 +1,10 @@
 """Triton Python-backend model for text generation; the deploy stage copies this file to ``<model>/<v>/model.py``.
 
 It is self-contained (torch + transformers only, no llmpipe import) so the same file runs in NVIDIA's
-Triton image. Why the tensors look the way they do:
+Triton image. The same file serves two models of the repository: the batch model (one response per
+request) and, where its config.pbtxt says ``model_transaction_policy { decoupled: true }``, the
+streaming model (one response per generated token, the last one flagged final). Why the tensors
+look the way they do:
 
 * Text travels as UTF-8 bytes in ``UINT8`` tensors, not ``BYTES``: with numpy 2 the Python backend
   stub of Triton 2.51 (built against numpy 1) corrupts every multi-element tensor it converts to
@@ -10,12 +13,18 @@ Triton image. Why the tensors look the way they do:
 * The dynamic batcher hands ``execute`` several requests at once; they are generated together as one
   left-padded batch (that is where batching pays), grouped by temperature, and each request gets
   its own response or its own error, so one bad request never fails its neighbours.
+* Triton counts a request the Python backend answers with an error response as a success
+  (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
+  its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
+  batch whose generation raised), which the error-rate alert adds to Triton's failures.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +37,11 @@ except ImportError:  # pragma: no cover - exercised by the real-server tests
 
 CHECKPOINT_DIR = "checkpoint"
 SETTINGS_FILE = "llmpipe_serving.json"
+ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an error, by reason
+TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
+
+# on_token(row, token id, last): called once per new token of each request, ``last`` on its final one
+TokenCallback = Callable[[int, int, bool], None]
 
 
 class BadRequest(ValueError):
@@ -59,6 +73,46 @@ class Limits:
             data = json.load(f)
         return cls(**{k: int(data[k]) for k in ("max_prompt_tokens", "max_tokens_limit",
                                                 "default_max_tokens") if k in data})
+
+
+class _StepFanout:
+    """Turns generate's per-step token batches into per-request ``on_token`` calls.
+
+    ``generate`` calls ``put`` with the prompt first, then with one token per row each step. A row
+    stops receiving once it has its ``max_tokens`` or an end-of-sequence token, so a short answer is
+    complete (its final response sent) while longer neighbours in the batch still generate.
+    """
+
+    def __init__(self, budgets: list[int], eos_ids: set[int], on_token: TokenCallback) -> None:
+        self.budgets = budgets
+        self.eos_ids = eos_ids
+        self.on_token = on_token
+        self.counts = [0] * len(budgets)
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:  # the first call carries the prompt ids
+            self.prompt_seen = True
+            return
+        for row, tok in enumerate(value.reshape(len(self.budgets), -1)[:, -1].tolist()):
+            if self.counts[row] >= self.budgets[row]:
+                continue
+            self.counts[row] += 1
+            last = self.counts[row] == self.budgets[row] or tok in self.eos_ids
+            if last:
+                self.counts[row] = self.budgets[row]  # done: nothing more for this row
+            self.on_token(row, int(tok), last)
+
+    def end(self) -> None:
+        """Nothing to flush: every token was handed on when it was generated."""
+
+
+@functools.cache
+def _step_streamer() -> type:
+    """_StepFanout as a transformers BaseStreamer (built on first use: transformers loads lazily)."""
+    from transformers.generation import BaseStreamer
+
+    return type("StepStreamer", (_StepFanout, BaseStreamer), {})
 
 
 class Generator:
@@ -112,18 +166,24 @@ class Generator:
 
     # -- generation -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, reqs: list[GenRequest]) -> list[list[int]]:
-        """New token ids per request; requests with the same temperature share one padded batch."""
+    def generate(self, reqs: list[GenRequest], on_token: TokenCallback | None = None) -> list[list[int]]:
+        """New token ids per request; requests with the same temperature share one padded batch.
+
+        With ``on_token`` every new token is also handed on as soon as it is generated (streaming);
+        ``row`` is the request's index in ``reqs``.
+        """
         out: list[list[int]] = [[] for _ in reqs]
         groups: dict[float, list[int]] = {}
         for i, r in enumerate(reqs):
             groups.setdefault(r.temperature, []).append(i)
         for temp, idx in groups.items():
-            for i, ids in zip(idx, self._generate_group([reqs[i] for i in idx], temp), strict=True):
+            cb = None if on_token is None else _reindex(on_token, idx)
+            for i, ids in zip(idx, self._generate_group([reqs[i] for i in idx], temp, cb), strict=True):
                 out[i] = ids
         return out
 
-    def _generate_group(self, reqs: list[GenRequest], temperature: float) -> list[list[int]]:
+    def _generate_group(self, reqs: list[GenRequest], temperature: float,
+                        on_token: TokenCallback | None) -> list[list[int]]:
         width = max(len(r.input_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(reqs), width), dtype=torch.long)
@@ -132,6 +192,8 @@ class Generator:
             mask[row, width - len(r.input_ids):] = 1
         sample: dict[str, Any] = ({"do_sample": True, "temperature": temperature, "top_k": 0}
                                   if temperature > 0 else {"do_sample": False})
+        if on_token is not None:
+            sample["streamer"] = _step_streamer()([r.max_tokens for r in reqs], self.eos_ids, on_token)
         gen = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             max_new_tokens=max(r.max_tokens for r in reqs), pad_token_id=self.pad_id, **sample,
@@ -149,6 +211,33 @@ class Generator:
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _reindex(on_token: TokenCallback, idx: list[int]) -> TokenCallback:
+    """A group's row numbers mapped back to the request's index in the whole batch."""
+    return lambda row, tok, last: on_token(idx[row], tok, last)
+
+
+class TextDeltas:
+    """The text each new token adds, so the concatenated pieces equal the decoded answer.
+
+    A byte-level token can end inside a multi-byte character; its text is held back (decoded as
+    U+FFFD) until the token that completes it arrives, and the final piece flushes what is left.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.sent = ""
+
+    def add(self, token: int, last: bool) -> str:
+        self.tokens.append(token)
+        text = self.decode(self.tokens)
+        if not last and text.endswith("\ufffd"):
+            return ""
+        piece = text[len(self.sent):] if text.startswith(self.sent) else text
+        self.sent = text
+        return piece
 
 
 # -- the Triton side -----------------------------------------------------------------------------
@@ -175,6 +264,14 @@ def _bad_request(message: str) -> Any:
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
+def _answer(text: str, tokens: list[int]) -> Any:
+    raw = text.encode("utf-8")
+    return pb_utils.InferenceResponse(output_tensors=[
+        _out("text", torch.tensor(list(raw), dtype=torch.uint8).reshape(1, -1)),
+        _out("output_ids", torch.tensor(tokens, dtype=torch.long).reshape(1, -1)),
+    ])
+
+
 class TritonPythonModel:
     """Triton's entry points: initialize, execute (one call per dynamic batch), finalize."""
 
@@ -185,6 +282,19 @@ class TritonPythonModel:
         torch.set_num_threads(max(1, int(os.environ.get("LLMPIPE_SERVE_THREADS", torch.get_num_threads()))))
         limits = Limits.load(os.path.join(here, SETTINGS_FILE))
         self.gen = Generator(os.path.join(here, CHECKPOINT_DIR), limits, device)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        labels = {"model": args["model_name"], "version": str(args["model_version"])}
+        # the families must outlive their metrics: they stay attributes of the model
+        self.families = [
+            pb_utils.MetricFamily(name=ERRORS_METRIC, description="Requests answered with an error, by reason "
+                                  "(refused: invalid; failed: generation raised); Triton counts them as successes",
+                                  kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name=TOKENS_METRIC, description="New tokens generated and sent to clients",
+                                  kind=pb_utils.MetricFamily.COUNTER),
+        ]
+        self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
+        self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
+        self.tokens = self.families[1].Metric(labels=labels)
 
     def _parse(self, request: Any) -> GenRequest:
         prompt = _tensor(request, "prompt")
@@ -196,31 +306,78 @@ class TritonPythonModel:
             _scalar(_tensor(request, "temperature"), "temperature"),
         )
 
-    def execute(self, requests: list[Any]) -> list[Any]:
+    def _parse_all(self, requests: list[Any]) -> list[GenRequest | str]:
+        """A GenRequest per valid request, the error message for each refused one (counted)."""
         parsed: list[GenRequest | str] = []
         for r in requests:
             try:
                 parsed.append(self._parse(r))
             except BadRequest as e:
                 parsed.append(str(e))
+                self.refused.increment(1)
+        return parsed
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if self.decoupled:
+            self._execute_streaming(requests)
+            return None
+        parsed = self._parse_all(requests)
         good = [p for p in parsed if isinstance(p, GenRequest)]
         try:
             results = iter(self.gen.generate(good)) if good else iter(())
         except Exception as e:  # noqa: BLE001 - report to every client of the batch, keep serving
-            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {e}"))
-                    for _ in requests]
+            self.failed.increment(len(good))
+            return [pb_utils.InferenceResponse(error=_bad_request(p) if isinstance(p, str) else
+                                               pb_utils.TritonError(f"generation failed: {e}")) for p in parsed]
         responses = []
         for p in parsed:
             if isinstance(p, str):
                 responses.append(pb_utils.InferenceResponse(error=_bad_request(p)))
                 continue
             tokens = next(results)
-            text = self.gen.decode(tokens).encode("utf-8")
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                _out("text", torch.tensor(list(text), dtype=torch.uint8).reshape(1, -1)),
-                _out("output_ids", torch.tensor(tokens, dtype=torch.long).reshape(1, -1)),
-            ]))
+            self.tokens.increment(len(tokens))
+            responses.append(_answer(self.gen.decode(tokens), tokens))
         return responses
+
+    def _execute_streaming(self, requests: list[Any]) -> None:
+        """Decoupled: each request's response sender gets one response per new token, the last one
+        with the FINAL flag; refused requests get their error as their one final response."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        senders = [r.get_response_sender() for r in requests]
+        parsed = self._parse_all(requests)
+        live = [i for i, p in enumerate(parsed) if isinstance(p, GenRequest)]
+        for i, p in enumerate(parsed):
+            if isinstance(p, str):
+                senders[i].send(pb_utils.InferenceResponse(error=_bad_request(p)), flags=final)
+        deltas = [TextDeltas(self.gen.decode) for _ in live]
+        done = [False] * len(live)
+
+        def on_token(row: int, token: int, last: bool) -> None:
+            if done[row]:  # closed (cancelled by its client)
+                return
+            sender = senders[live[row]]
+            done[row] = last
+            if sender.is_cancelled():  # the client went away: close its stream, send nothing more
+                done[row] = True
+                sender.send(flags=final)
+                deltas[row].tokens.append(token)
+                return
+            self.tokens.increment(1)
+            sender.send(_answer(deltas[row].add(token, last), [token]), flags=final if last else 0)
+
+        try:
+            if live:
+                self.gen.generate([parsed[i] for i in live], on_token)  # type: ignore[misc]
+        except Exception as e:  # noqa: BLE001 - report to every open stream of the batch, keep serving
+            for row in (r for r, d in enumerate(done) if not d):
+                senders[live[row]].send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"generation failed: {e}")), flags=final)
+                done[row] = True
+                self.failed.increment(1)
+        for row in (r for r, d in enumerate(done) if not d):  # ended without a last token: close it
+            senders[live[row]].send(flags=final)
 
     def finalize(self) -> None:
         self.gen = None
+        self.refused = self.failed = self.tokens = None  # metrics before their families
+        self.families = []

@@ -54,6 +54,9 @@ class TokenizeConfig(Section):
     max_tokens: int | None = Field(None, gt=0, description="longer documents are split or truncated")
     long_docs: Literal["split", "truncate"] = "split"
     add_bos: bool = False
+    entity_mask: bool = Field(
+        False, description="pack a uint8 mask per token beside the ids: 1 where the token overlaps an entity "
+                           "span (metadata.entities, from the entities stage)")
     language_weights: dict[str, float] = Field(
         default_factory=dict, description="train-split sampling factor per language (2 = twice, 0.5 = half)")
     source_weights: dict[str, float] = Field(default_factory=dict, description="sampling factor per source")

@@ -79,6 +79,17 @@ class PackedDataset(Dataset):
             raise ValueError(f"split {self.split!r} stores no per-token languages")
         return np.load(self.dir / lang_file, mmap_mode="r")[start + 1 : start + self.seq_len + 1]
 
+    def entity_mask(self, i: int) -> np.ndarray:
+        """1 for each target of sequence ``i`` that overlaps an entity span, else 0 (padding: 0).
+
+        Only artifacts tokenized with ``tokenize.entity_mask`` store it (both splits).
+        """
+        k, start = self._locate(i)
+        name = self.shards[k].get("entity_file")
+        if name is None:
+            raise ValueError(f"split {self.split!r} stores no entity mask (tokenize.entity_mask is off)")
+        return np.load(self.dir / name, mmap_mode="r")[start + 1 : start + self.seq_len + 1]
+
     @property
     def languages_list(self) -> list[str]:
         return list(self.index["languages"])

@@ -27,6 +27,9 @@ class TokenizeLayout:
 
     index: str = "index.json"  # format, seq_len, dtype, ids, languages, and per split its shard files
     val_meta: str = "val_meta.json"  # docs, bytes, tokens of the val split per language
+    # with tokenize.entity_mask: beside each shard file, uint8 per token (1 = overlaps an entity span);
+    # the index names it per shard ("entity_file") and says "entity_mask": true
+    entity_suffix: str = ".entity.npy"
 
 
 TOKENIZE = TokenizeLayout()

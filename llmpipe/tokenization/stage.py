@@ -28,6 +28,9 @@ Artifact layout (``<dir>``)::
     train-00000.bin     raw little-endian uint16 (vocab <= 65536) or uint32 token ids
     val-00000.bin
     val-00000.lang.npy  uint8 per token: index into index["languages"]; 255 marks padding
+    train-00000.entity.npy, val-00000.entity.npy  (only with ``entity_mask``; index: "entity_mask": true,
+                        each shard's "entity_file") uint8 per token: 1 where the token's characters overlap
+                        an entity span of ``metadata["entities"]``, 0 elsewhere (EOS, BOS, padding)
     val_meta.json       {"languages", "per_language": {lang: {"docs", "bytes", "tokens"}},
                          "total_docs", "total_bytes", "total_tokens"}
 
@@ -51,6 +54,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -185,6 +189,23 @@ class _Encoded(NamedTuple):
     lengths: np.ndarray  # tokens per document (int64)
     ids: np.ndarray  # every document's ids, concatenated
     cut_chars: dict[int, int]  # document -> characters behind its first max_tokens ids (truncation only)
+    mask: np.ndarray | None = None  # uint8 per id: the token overlaps an entity span (entity_mask only)
+
+
+def entity_mask(offsets: Any, spans: Any) -> np.ndarray:
+    """1 for each token whose character range ``[a, b)`` overlaps a span (sorted, non-overlapping).
+
+    The last span starting before ``b`` is the only candidate: spans never overlap, so their ends
+    increase with their starts.
+    """
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    if not spans or not off.size:
+        return np.zeros(len(off), dtype=np.uint8)
+    starts = np.asarray([sp["start"] for sp in spans], dtype=np.int64)
+    ends = np.asarray([sp["end"] for sp in spans], dtype=np.int64)
+    j = np.searchsorted(starts, off[:, 1], side="left") - 1
+    hit = (j >= 0) & (ends[np.maximum(j, 0)] > off[:, 0]) & (off[:, 1] > off[:, 0])
+    return hit.astype(np.uint8)
 
 
 def _parse_metadata(metas: list[str]) -> list[dict[str, Any]]:
@@ -242,12 +263,13 @@ def _read_batches(path: str, size: int, max_chars: int, start: int = 0, stop: in
 
 
 def _encode(tok: Any, special_re: re.Pattern[str] | None, tok_dir: str, texts: list[str], dtype: np.dtype,
-            cut: int | None) -> _Encoded:
+            cut: int | None, spans: list[Any] | None = None) -> _Encoded:
     """The ids of ``texts`` (special-token strings in them encoded as plain text), as arrays.
 
     Runs in the encode thread, which also reads the ids out and frees the ``Encoding`` objects: freed
     by the main thread (another malloc arena) they cost about as much as the rest of its work.
     ``cut``: with truncation, the characters behind the first ``cut`` ids of each longer document.
+    ``spans``: each document's entity spans, for the entity mask (None: no mask).
     """
     # encode_batch, not encode_batch_fast: the latter runs fewer instructions (no char offsets) but
     # measured 15-20% more CPU time here (tokenizers 0.23); encode_batch also gives truncation offsets
@@ -260,7 +282,10 @@ def _encode(tok: Any, special_re: re.Pattern[str] | None, tok_dir: str, texts: l
     lengths = np.fromiter(map(len, encs), dtype=np.int64, count=len(encs))
     ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lengths.sum()))
     cuts = {} if cut is None else {i: encs[i].offsets[cut - 1][1] for i in np.flatnonzero(lengths > cut).tolist()}
-    return _Encoded(lengths, ids, cuts)
+    if spans is None:
+        return _Encoded(lengths, ids, cuts)
+    masks = [entity_mask(e.offsets, sp) if sp else np.zeros(len(e), np.uint8) for e, sp in zip(encs, spans, strict=True)]
+    return _Encoded(lengths, ids, cuts, np.concatenate(masks) if masks else np.zeros(0, np.uint8))
 
 
 _LOCAL = threading.local()
@@ -296,6 +321,7 @@ class _ShardBuilder:
         self.dropped: dict[str, int] = defaultdict(int)
         self.counts = {"docs": 0, "truncated": 0, "split_docs": 0}
         self.tokens: list[np.ndarray] = []
+        self.masks: list[np.ndarray] = []  # entity masks beside the tokens (entity_mask only)
         self.segs: list[np.ndarray] = []
         self.size = 0
 
@@ -316,13 +342,19 @@ class _ShardBuilder:
             return
         k, nk = kept.tolist(), n[kept]
         raw = enc.ids if kept.size == n.size else gather(enc.ids, (np.cumsum(n) - n)[kept], nk)
+        mask = enc.mask if enc.mask is None or kept.size == n.size else gather(enc.mask, (np.cumsum(n) - n)[kept], nk)
         cdoc, ci, clen = self._pieces(nk)
         n_bytes = batch.n_bytes[kept]
         if clen.sum() < raw.size:  # truncated: keep each piece's head; bytes up to its last token
             raw = gather(raw, (np.cumsum(nk) - nk)[cdoc], clen)
+            mask = None if mask is None else gather(mask, (np.cumsum(nk) - nk)[cdoc], clen)
             for j in np.flatnonzero(nk > clen).tolist():
                 n_bytes[j] = len(batch.texts[k[j]][: enc.cut_chars[k[j]]].encode("utf-8"))
         out, starts, seg_len = self._place(raw, clen)
+        if mask is not None:  # the same places, 0 at EOS/BOS
+            placed = np.zeros(out.size, dtype=np.uint8)
+            placed[self._slots(clen)] = mask
+            self.masks.append(placed)
         langs = self.langs
         sources = self.sources
         li = np.asarray([langs.setdefault(str(batch.metas[i].get("lang") or "und"), len(langs)) for i in k],
@@ -360,14 +392,21 @@ class _ShardBuilder:
         out[ends - 1] = self.eos
         if h:
             out[starts] = self.bos
-        out[np.arange(raw.size) + np.repeat(np.arange(clen.size) * (h + 1) + h, clen)] = raw
+        out[self._slots(clen)] = raw
         return out, starts, seg_len
+
+    def _slots(self, clen: np.ndarray) -> np.ndarray:
+        """Where the pieces' ids go in the placed array (after each piece's BOS, before its EOS)."""
+        h = self.head
+        return np.arange(int(clen.sum())) + np.repeat(np.arange(clen.size) * (h + 1) + h, clen)
 
     def finish(self, out_dir: Path) -> dict[str, Any]:
         """Write ``tokens.bin``, ``segments.npy`` and ``shard.json``; returns the shard's stats."""
         tokens = np.concatenate(self.tokens) if self.tokens else np.zeros(0, self.dtype)
         segs = np.concatenate(self.segs) if self.segs else np.zeros((0, SEG_COLS), np.int64)
         tokens.tofile(out_dir / "tokens.bin")
+        if self.cfg.entity_mask:
+            (np.concatenate(self.masks) if self.masks else np.zeros(0, np.uint8)).tofile(out_dir / "entity.bin")
         np.save(out_dir / "segments.npy", segs.astype(np.int64, copy=False))
         info = {"languages": list(self.langs), "sources": list(self.sources), "dtype": self.dtype.name}
         (out_dir / "shard.json").write_text(json.dumps(info, sort_keys=True))
@@ -375,9 +414,21 @@ class _ShardBuilder:
         return {**self.counts, "kept": kept, "dropped": dict(self.dropped), "tokens": int(tokens.size)}
 
 
-def encode_shard(arg: tuple[str, str, TokenizeConfig, int, int | None], out_dir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EncodeJob:
+    """One shard job of pass 1: encode rows ``[start, stop)`` of one input shard (a piece, see
+    :func:`pieces`) with the tokenizer in ``tokenizer`` and the stage's settings."""
+
+    path: str  # the input shard
+    tokenizer: str  # the tokenizer stage's artifact directory
+    config: TokenizeConfig
+    start: int = 0
+    stop: int | None = None  # None: to the shard's end
+
+
+def encode_shard(job: EncodeJob, out_dir: Path) -> dict[str, Any]:
     """Pass 1 for rows ``[start, stop)`` of an input shard: ``tokens.bin``, ``segments.npy``, ``shard.json``."""
-    path, tok_dir, cfg, start, stop = arg
+    path, tok_dir, cfg, start, stop = job.path, job.tokenizer, job.config, job.start, job.stop
     tok, special_re, meta = _tokenizer(tok_dir)
     if cfg.add_bos and meta.get("bos_id") is None:
         raise ValueError("tokenize.add_bos: the tokenizer has no bos token")
@@ -390,7 +441,8 @@ def encode_shard(arg: tuple[str, str, TokenizeConfig, int, int | None], out_dir:
         pool = _encode_pool()
         pending: tuple[_Batch, tuple[np.ndarray, ...], Future[_Encoded]] | None = None
         for batch in _read_batches(path, cfg.batch_size, cfg.batch_chars, start, stop):
-            fut = pool.submit(_encode, tok, special_re, tok_dir, batch.texts, dtype, cut)
+            spans = [m.get("entities") or [] for m in batch.metas] if cfg.entity_mask else None
+            fut = pool.submit(_encode, tok, special_re, tok_dir, batch.texts, dtype, cut, spans)
             keys = batch_keys(batch.ids, [m.get("parent_id") for m in batch.metas], cfg)
             if pending is not None:
                 builder.add(pending[0], pending[1], pending[2].result())
@@ -453,21 +505,25 @@ class Packer:
     """Stream token arrays into fixed-length sequence shards (``<split>-NNNNN.bin``)."""
 
     def __init__(self, out: Path, split: str, seq_len: int, per_shard: int, dtype: np.dtype, pad_id: int,
-                 with_lang: bool = False) -> None:
+                 with_lang: bool = False, with_entity: bool = False) -> None:
         self.out, self.split, self.L, self.S = out, split, seq_len, per_shard
-        self.dtype, self.pad_id, self.with_lang = dtype, pad_id, with_lang
+        self.dtype, self.pad_id, self.with_lang, self.with_entity = dtype, pad_id, with_lang, with_entity
         self.buf: list[np.ndarray] = []
         self.lbuf: list[np.ndarray] = []
+        self.ebuf: list[np.ndarray] = []  # entity masks, aligned with buf
         self.n = 0
         self.shards: list[dict[str, Any]] = []
 
-    def add(self, tokens: np.ndarray, langs: np.ndarray | None = None) -> None:
+    def add(self, tokens: np.ndarray, langs: np.ndarray | None = None, entity: np.ndarray | None = None) -> None:
         if tokens.size == 0:
             return
         self.buf.append(tokens)
         if self.with_lang:
             assert langs is not None
             self.lbuf.append(langs)
+        if self.with_entity:
+            assert entity is not None and entity.size == tokens.size
+            self.ebuf.append(entity)
         self.n += tokens.size
         need = self.S * self.L + 1
         while self.n >= need:
@@ -488,6 +544,14 @@ class Packer:
             np.save(self.out / lname, larr)
             entry["lang_file"] = lname
             self.lbuf = [lflat[real - 1 :]]
+        if self.with_entity:
+            eflat = np.concatenate(self.ebuf)
+            earr = np.zeros(size, dtype=np.uint8)
+            earr[:real] = eflat[:real]
+            ename = f"{self.split}-{len(self.shards):05d}{TOKENIZE.entity_suffix}"
+            np.save(self.out / ename, earr)
+            entry["entity_file"] = ename
+            self.ebuf = [eflat[real - 1 :]]
         self.shards.append(entry)
         self.buf = [flat[real - 1 :]]  # the last id is the next shard's first input
         self.n = self.buf[0].size
@@ -597,8 +661,10 @@ def pack(shards: list[dict[str, Any]], copies: list[np.ndarray], out: Path, cfg:
          meta: dict[str, Any]) -> dict[str, Any]:
     """Write the train and val sequence shards; returns the per-split index entries."""
     dtype = token_dtype(meta["vocab_size"])
-    train = Packer(out, "train", cfg.seq_len, cfg.sequences_per_shard, dtype, meta["pad_id"])
-    val = Packer(out, "val", cfg.seq_len, cfg.sequences_per_shard, dtype, meta["pad_id"], with_lang=True)
+    ent = cfg.entity_mask
+    train = Packer(out, "train", cfg.seq_len, cfg.sequences_per_shard, dtype, meta["pad_id"], with_entity=ent)
+    val = Packer(out, "val", cfg.seq_len, cfg.sequences_per_shard, dtype, meta["pad_id"], with_lang=True,
+                 with_entity=ent)
     rounds = max((int(c.max()) for c in copies if len(c)), default=0)
     for s in shards:  # validation: one copy, with its language per token
         segs = s["segs"]
@@ -607,7 +673,8 @@ def pack(shards: list[dict[str, Any]], copies: list[np.ndarray], out: Path, cfg:
         toks = np.fromfile(s["dir"] / "tokens.bin", dtype=s["dtype"]).astype(dtype, copy=False)
         v = segs[:, 4] == VAL
         val.add(gather(toks, segs[v, 0], segs[v, 1]),
-                np.repeat(segs[v, 2].astype(np.uint8), segs[v, 1]))
+                np.repeat(segs[v, 2].astype(np.uint8), segs[v, 1]),
+                gather(_entity_of(s), segs[v, 0], segs[v, 1]) if ent else None)
     for r in range(rounds):
         for s, c in zip(shards, copies, strict=True):
             segs = s["segs"]
@@ -615,8 +682,14 @@ def pack(shards: list[dict[str, Any]], copies: list[np.ndarray], out: Path, cfg:
             if not take.any():
                 continue
             toks = np.fromfile(s["dir"] / "tokens.bin", dtype=s["dtype"]).astype(dtype, copy=False)
-            train.add(gather(toks, segs[take, 0], segs[take, 1]))
+            train.add(gather(toks, segs[take, 0], segs[take, 1]),
+                      entity=gather(_entity_of(s), segs[take, 0], segs[take, 1]) if ent else None)
     return {"train": train.close(), "val": val.close()}
+
+
+def _entity_of(shard: dict[str, Any]) -> np.ndarray:
+    """The entity mask beside an encoded piece's ``tokens.bin``."""
+    return np.fromfile(shard["dir"] / "entity.bin", dtype=np.uint8)
 
 
 def _per_language(shards: list[dict[str, Any]], copies: list[np.ndarray] | None, n_langs: int) -> dict[str, np.ndarray]:
@@ -676,9 +749,11 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     meta = json.loads((Path(tok_dir) / TOKENIZER.meta).read_text())
     enc_cfg = {k: v for k, v in cfg.key_dict().items()
                if k in ("val_fraction", "split_salt", "min_tokens", "max_tokens", "long_docs", "add_bos")}
+    if cfg.entity_mask:  # off, the pieces' keys (and cache) are those of a run without the option
+        enc_cfg["entity_mask"] = True
     tok_key = ctx.input_keys.get("tokenizer", "")
     items = [(hash_json(["tokenize-encode", VERSION, enc_cfg, tok_key, s.sha256, start, stop]),
-              (str(s.path), str(tok_dir), cfg, start, stop))
+              EncodeJob(str(s.path), str(tok_dir), cfg, start, stop))
              for s in input_shards(src)
              for start, stop in pieces(pq.ParquetFile(s.path).metadata.num_rows, cfg.piece_docs)]
     with encode_on_calling_thread(ctx.executor.threads_here):
@@ -690,6 +765,8 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     index = {"format": FORMAT, "seq_len": cfg.seq_len, "dtype": token_dtype(meta["vocab_size"]).name,
              "vocab_size": meta["vocab_size"], "eos_id": meta["eos_id"], "bos_id": meta.get("bos_id"),
              "pad_id": meta["pad_id"], "languages": langs, "splits": splits}
+    if cfg.entity_mask:
+        index["entity_mask"] = True
     (ctx.out / TOKENIZE.index).write_text(json.dumps(index, indent=1, sort_keys=True))
     vm = _val_meta(shards, langs)
     (ctx.out / TOKENIZE.val_meta).write_text(json.dumps(vm, indent=1, sort_keys=True))

@@ -1,10 +1,13 @@
-"""Config section of the pretrain stage (``train:`` in the YAML).
+"""Config section of the pretrain stage (``train:`` in the YAML), in sub-sections the way torchtitan
+groups its job config.
 
-Fields that decide *what* model comes out (architecture, data order, optimizer, schedule, batch
-size, strategy) are part of the stage key. Fields that only decide *how* the run is carried out
-(processes per node, nodes, rendezvous, timeouts, checkpoint cadence) are ``run_setting`` and stay
-out of the key: the same global batch on 1 node x 2 processes or 2 nodes x 1 process gives the
-same model (tested to 1e-5), so it should hit the same cache entry.
+``train:`` itself holds what defines the run as a whole (seed, data, strategy, batch sizes, steps,
+precision); ``model``, ``optimizer``, ``schedule`` and ``guards`` hold the rest of what decides *what*
+model comes out, and are part of the stage key. ``checkpoint`` and ``launch`` only decide *how* the
+run is carried out (cadence, processes per node, nodes, rendezvous, timeouts): every field in them
+is a ``run_setting`` and stays out of the key, because the same global batch on 1 node x 2
+processes or 2 nodes x 1 process gives the same model (tested to 1e-5) and should hit the same
+cache entry.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config_base import Section, run_setting
-
-STRATEGIES = ("ddp", "fsdp2", "deepspeed")
 
 
 class ModelConfig(Section):
@@ -27,37 +28,92 @@ class ModelConfig(Section):
     attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
 
 
-class TrainConfig(Section):
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    seed: int = 1234
-    seq_len: int | None = Field(None, gt=1, description="None: the packed sequence length of the tokenize artifact")
-    split: str = "train"
+class OptimizerConfig(Section):
+    """AdamW with decoupled weight decay (matrices only, not norms or biases) and global-norm clipping."""
 
-    strategy: Literal["ddp", "fsdp2", "deepspeed"] = "ddp"
-    deepspeed: str | dict[str, Any] | None = Field(
-        None, description="configs/deepspeed/*.json path or an inline dict (zero_optimization, ...)")
-
-    global_batch_size: int = Field(8, gt=0, description="sequences per optimizer step, all ranks together")
-    micro_batch_size: int = Field(2, gt=0, description="sequences per forward pass per rank")
-    max_steps: int = Field(20, gt=0)
-    lr: float = Field(3e-4, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    lr: float = Field(3e-4, gt=0, description="peak learning rate (after warmup)")
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0)
-    warmup_steps: int = Field(2, ge=0)
-    schedule: Literal["cosine", "cosine_restarts", "constant"] = "cosine"
-    restart_period: int = Field(0, ge=0, description="steps per cycle for cosine_restarts (0: max_steps/2)")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm (0: off)")
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    gradient_checkpointing: bool = False
-    compile: bool = False
 
-    # stability guards
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"each beta must be in [0, 1), got {list(v)}")
+        return v
+
+
+class ScheduleConfig(Section):
+    """The learning rate per step: linear warmup to ``optimizer.lr``, then ``kind`` down to the floor."""
+
+    kind: Literal["cosine", "cosine_restarts", "constant"] = "cosine"
+    warmup_steps: int = Field(2, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the floor of the cosine, as a fraction of lr")
+    restart_period: int = Field(0, ge=0, description="steps per cycle for cosine_restarts (0: max_steps/2)")
+
+
+class GuardsConfig(Section):
+    """Stability guards: a non-finite loss skips its step; too many in a row abort the run."""
+
     max_consecutive_nonfinite: int = Field(3, gt=0, description="abort after this many non-finite losses in a row")
     spike_factor: float = Field(3.0, gt=1, description="log a spike when loss > factor x running mean")
 
-    # how to run: not part of the key
+
+class CheckpointConfig(Section):
+    """Where and how often the run saves its state; a killed run resumes from the newest checkpoint."""
+
+    every: int = run_setting(10, ge=0, description="steps between checkpoints (0: only at the end)")
+    keep: int = run_setting(2, gt=0, description="newest checkpoints kept")
+    dir: str | None = run_setting(None, description="default: <store>/pretrain/_runs/<key>")
+    resume: bool = run_setting(True, description="continue from the newest checkpoint when there is one")
+
+
+class LossConfig(Section):
+    """The training loss. Off (``entity_weight: null``): plain cross-entropy, exactly as without it.
+
+    ``entity_weight`` switches on the entity loss, which needs ``tokenize.entity_mask: true`` (and the
+    entities stage) so the packed data carries which targets overlap an entity span:
+    ``weighted`` scales the cross-entropy of entity targets by ``entity_weight`` (a weighted mean over
+    all targets: the well-posed form of the field guide's "entity reward"); ``seed_reward`` is the
+    guide's own form, ``alpha * CE - (1 - alpha) * mean p(target) over entity targets``. That one is
+    no longer a cross-entropy: it goes below zero, the reward can be bought by moving probability onto
+    entity targets whatever the rest of the text does, and the guards (spikes, the running mean) read
+    it as they would a CE. Keep ``1 - alpha`` small.
+    """
+
+    kind: Literal["weighted", "seed_reward"] = "weighted"
+    entity_weight: float | None = Field(None, gt=0, description="weight of entity targets' cross-entropy; "
+                                        "None: plain cross-entropy")
+    alpha: float = Field(0.9, ge=0, le=1, description="seed_reward: the weight of the cross-entropy term")
+
+
+class WatchConfig(Section):
+    """What the run reports about itself beyond the loss (``llmpipe/training/watch.py``)."""
+
+    leak_window: int = run_setting(20, ge=0, description="warn when memory rose at nearly every step of "
+                                   "this many steps (0: off)")
+    leak_min_mb: float = run_setting(64.0, gt=0, description="less growth over the window is not a leak")
+    tensorboard: bool = run_setting(True, description="TensorBoard event files in <run>/tensorboard/")
+
+
+class ProfileConfig(Section):
+    """Steps traced with ``torch.profiler`` (Chrome trace JSON in ``<run>/profile/``)."""
+
+    steps: list[int] = run_setting(default_factory=list, description="1-based steps to trace, e.g. [10, 11, 12]")
+
+    @field_validator("steps")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(s < 1 for s in v):
+            raise ValueError(f"steps are 1-based and must be positive, got {v}")
+        return v
+
+
+class LaunchConfig(Section):
+    """How the workers start: launcher, device, processes per node, nodes and their rendezvous."""
+
     device: Literal["auto", "cpu", "cuda"] = run_setting("auto")
     launcher: Literal["torchrun", "deepspeed"] = run_setting("torchrun")
     nproc_per_node: int = run_setting(2, gt=0)
@@ -67,13 +123,61 @@ class TrainConfig(Section):
     rdzv_id: str | None = run_setting(None, description="job id shared by all nodes (default: the stage key)")
     hostfile: str | None = run_setting(None, description="deepspeed launcher hostfile (multi-node)")
     master_port: int = run_setting(0, ge=0, description="0: pick a free port")
-    checkpoint_every: int = run_setting(10, ge=0, description="steps between checkpoints (0: only at the end)")
-    keep_checkpoints: int = run_setting(2, gt=0)
-    checkpoint_dir: str | None = run_setting(None, description="default: <store>/pretrain/_runs/<key>")
-    resume: bool = run_setting(True, description="continue from the newest checkpoint when there is one")
-    log_every: int = run_setting(1, gt=0)
     timeout_s: float = run_setting(3600.0, gt=0)
     threads_per_process: int = run_setting(0, ge=0, description="OMP threads per worker (0: cores / processes)")
+
+    @model_validator(mode="after")
+    def _topology(self) -> LaunchConfig:
+        if self.node_rank >= self.nodes:
+            raise ValueError(f"node_rank must be < nodes ({self.nodes}), got {self.node_rank}")
+        if self.nodes > 1 and not (self.rdzv_endpoint or self.hostfile):
+            raise ValueError(f"nodes > 1 needs rdzv_endpoint (torchrun) or hostfile (deepspeed launcher), "
+                             f"got nodes {self.nodes} and neither")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+class TrainConfig(Section):
+    """``train:``: what defines the run as a whole at the top, the rest in its sub-sections."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    seed: int = 1234
+    seq_len: int | None = Field(None, gt=1, description="None: the packed sequence length of the tokenize artifact")
+    split: str = "train"
+
+    strategy: Literal["auto", "ddp", "fsdp2", "deepspeed"] = Field(
+        "ddp", description="auto: chosen from the parameter count and the devices' memory, and logged "
+                           "(llmpipe/training/strategy.py)")
+    deepspeed: str | dict[str, Any] | None = Field(
+        None, description="configs/deepspeed/*.json path or an inline dict (zero_optimization, ...)")
+
+    global_batch_size: int = Field(8, gt=0, description="sequences per optimizer step, all ranks together")
+    micro_batch_size: int = Field(2, gt=0, description="sequences per forward pass per rank")
+    max_steps: int = Field(20, gt=0)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    log_every: int = run_setting(1, gt=0)
+
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    watch: WatchConfig = Field(default_factory=WatchConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _schedule_is_a_section(cls, v: Any) -> Any:
+        """An earlier release took ``schedule: cosine``; say where the kind lives now."""
+        if isinstance(v, str):
+            raise ValueError(f"is a section now: write schedule: {{kind: {v}}} (train.schedule.kind), got {v!r}")
+        return v
 
     @field_validator("deepspeed")
     @classmethod
@@ -82,26 +186,11 @@ class TrainConfig(Section):
             raise ValueError("zero_optimization must be a mapping, e.g. {stage: 2}")
         return v
 
-    @field_validator("betas")
-    @classmethod
-    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= b < 1 for b in v):
-            raise ValueError(f"each beta must be in [0, 1), got {list(v)}")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
                              f"micro_batch_size ({self.micro_batch_size})")
-        if self.node_rank >= self.nodes:
-            raise ValueError(f"node_rank must be < nodes ({self.nodes}), got {self.node_rank}")
-        if self.nodes > 1 and not (self.rdzv_endpoint or self.hostfile):
-            raise ValueError("nodes > 1 needs rdzv_endpoint (torchrun) or hostfile (deepspeed launcher)")
-        if self.launcher == "deepspeed" and self.strategy != "deepspeed":
-            raise ValueError(f"launcher 'deepspeed' needs strategy 'deepspeed', got {self.strategy!r}")
+        if self.launch.launcher == "deepspeed" and self.strategy != "deepspeed":
+            raise ValueError(f"launch.launcher 'deepspeed' needs strategy 'deepspeed', got {self.strategy!r}")
         return self
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.nproc_per_node

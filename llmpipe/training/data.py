@@ -121,3 +121,11 @@ def batch(source: PackedSource, idx: list[int], seq_len: int) -> tuple[torch.Ten
     x = torch.stack([torch.as_tensor(p[0][:seq_len], dtype=torch.long) for p in pairs])
     y = torch.stack([torch.as_tensor(p[1][:seq_len], dtype=torch.long) for p in pairs])
     return x, y
+
+
+def entity_batch(source: PackedSource, idx: list[int], seq_len: int) -> torch.Tensor:
+    """[mb, seq_len] uint8: 1 where a target overlaps an entity span (``tokenize.entity_mask``)."""
+    if not hasattr(source, "entity_mask"):
+        raise ValueError("train.loss.entity_weight: this packed data has no entity mask")
+    return torch.stack([torch.as_tensor(np.asarray(source.entity_mask(i)[:seq_len], dtype=np.uint8))
+                        for i in idx])

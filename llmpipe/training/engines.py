@@ -3,7 +3,7 @@
 Every engine does the same four things the training loop needs: a micro-batch forward/backward,
 an optimizer step (or a skipped one), a collective checkpoint save/load into a directory, and a full
 state dict on rank 0 for the ``save_pretrained`` export. Only the strategy-specific parts live here;
-the loop, the schedule, the guards and the metrics are shared (``worker.py``).
+the loop, the schedule, the guards and the metrics are shared (``trainer.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from llmpipe.training.config import TrainConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -43,6 +45,28 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                                              ignore_index=-100)
 
 
+def entity_loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """The entity loss of ``train.loss`` (``cfg``) over non-padding targets; ``entity``: 1 where a target
+    overlaps an entity span (see :class:`llmpipe.training.config.LossConfig`)."""
+    flat, t = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    ce = torch.nn.functional.cross_entropy(flat, t, ignore_index=-100, reduction="none")
+    valid = (t != -100).float()
+    ent = entity.reshape(-1).float() * valid
+    n = valid.sum().clamp_min(1.0)
+    if cfg.kind == "weighted":
+        return (ce * (valid + (cfg.entity_weight - 1.0) * ent)).sum() / n
+    p_target = torch.exp(-ce)  # ce = -log p(target)
+    reward = (p_target * ent).sum() / ent.sum().clamp_min(1.0)
+    return cfg.alpha * (ce * valid).sum() / n - (1.0 - cfg.alpha) * reward
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor | None, cfg: Any) -> torch.Tensor:
+    """Plain cross-entropy (the same call as ever) unless the entity loss is on and a mask came."""
+    if entity is None or cfg.loss.entity_weight is None:
+        return token_loss(logits, targets)
+    return entity_loss(logits, targets, entity, cfg.loss)
+
+
 def surrogate_loss(logits: torch.Tensor) -> torch.Tensor:
     """A zero loss wired to the same graph: backward runs every collective with zero gradients.
 
@@ -56,7 +80,7 @@ class Engine:
 
     name = "base"
 
-    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         self.model = model
         self.amp_dtype = DTYPES[cfg.precision]
@@ -70,17 +94,18 @@ class Engine:
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        c = self.cfg
+        c = self.cfg.optimizer
         return torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), eps=c.eps,
                                  fused=self.device.type == "cuda")
 
     def sync_context(self, last_micro: bool) -> Any:
         return contextlib.nullcontext()
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.autocast():
             logits = self.model(input_ids=ids).logits
-        return token_loss(logits, targets), logits
+        return _loss(logits, targets, entity, self.cfg), logits
 
     def backward(self, loss: torch.Tensor, accum: int) -> None:
         loss = loss / accum
@@ -98,7 +123,8 @@ class Engine:
             return float("nan")
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        clip = self.cfg.optimizer.grad_clip
+        max_norm = clip if clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
@@ -123,7 +149,7 @@ class Engine:
 class DDPEngine(Engine):
     name = "ddp"
 
-    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = model.to(device)
@@ -133,7 +159,7 @@ class DDPEngine(Engine):
             self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         if cfg.compile:
             self.model = torch.compile(self.model)
-        self.optimizer = self.make_optimizer(param_groups(model, cfg.weight_decay))
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
 
     def sync_context(self, last_micro: bool) -> Any:
         if last_micro or not hasattr(self.model, "no_sync"):
@@ -163,7 +189,7 @@ class FSDP2Engine(Engine):
 
     name = "fsdp2"
 
-    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = model.to(device)
@@ -181,7 +207,7 @@ class FSDP2Engine(Engine):
         if cfg.compile:
             self.model = torch.compile(model)
         self.module = model
-        self.optimizer = self.make_optimizer(param_groups(model, cfg.weight_decay))
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -210,7 +236,7 @@ class FSDP2Engine(Engine):
         return sd if _rank() == 0 else None
 
 
-def deepspeed_config(cfg: Any, world: int, base_dir: Path | None = None) -> dict[str, Any]:
+def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON: the user's file or inline dict, with batch, optimizer and precision filled in.
 
     Batch sizes, optimizer, clipping and precision come from ``train:`` so the same YAML means the
@@ -229,15 +255,16 @@ def deepspeed_config(cfg: Any, world: int, base_dir: Path | None = None) -> dict
         zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
     offload = any(k in zero for k in ("offload_optimizer", "offload_param"))
     accum = cfg.global_batch_size // (cfg.micro_batch_size * world)
+    opt = cfg.optimizer
     out = dict(user)
     out.update({
         "train_batch_size": cfg.global_batch_size,
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": accum,
-        "gradient_clipping": cfg.grad_clip,
+        "gradient_clipping": opt.grad_clip,
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {
-            "lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay,
+            "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay,
             # torch's AdamW: no JIT-compiled fused/cpu Adam op (minutes on first use on CPU)
             "torch_adam": bool(user.get("optimizer", {}).get("params", {}).get("torch_adam", True)),
             "adam_w_mode": True}},
@@ -256,7 +283,7 @@ class DeepSpeedEngine(Engine):
 
     name = "deepspeed"
 
-    def __init__(self, model: torch.nn.Module, cfg: Any, device: torch.device, ds_config: dict[str, Any]) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device, ds_config: dict[str, Any]) -> None:
         import deepspeed
 
         super().__init__(model, cfg, device)
@@ -265,14 +292,15 @@ class DeepSpeedEngine(Engine):
         self.ds_config = ds_config
         self.stage = int(ds_config["zero_optimization"].get("stage", 0))
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=param_groups(model, cfg.weight_decay), config=ds_config)
+            model=model, model_parameters=param_groups(model, cfg.optimizer.weight_decay), config=ds_config)
         self.model = self.engine
         if cfg.compile:
             self.engine.compile()
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.engine(input_ids=ids).logits
-        return token_loss(logits, targets), logits
+        return _loss(logits, targets, entity, self.cfg), logits
 
     def backward(self, loss: torch.Tensor, accum: int) -> None:
         self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
@@ -306,7 +334,7 @@ class DeepSpeedEngine(Engine):
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in sd.items()}
 
 
-def make_engine(model: torch.nn.Module, cfg: Any, device: torch.device, ds_config: dict[str, Any] | None) -> Engine:
+def make_engine(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, ds_config: dict[str, Any] | None) -> Engine:
     if cfg.strategy == "ddp":
         return DDPEngine(model, cfg, device)
     if cfg.strategy == "fsdp2":

@@ -2,19 +2,20 @@
 
 Single node: ``torchrun --standalone --nproc_per_node N -m llmpipe.training.trainer --config spec.json``.
 
-Multi-node (``train.nodes > 1``): every node runs the *same* stage with the same config except
-``train.node_rank``, and each builds its own agent command::
+Multi-node (``train.launch.nodes > 1``): every node runs the *same* stage with the same config except
+``train.launch.node_rank``, and each builds its own agent command::
 
     torchrun --nnodes 2 --node_rank R --nproc_per_node N \\
              --rdzv_backend c10d --rdzv_endpoint HOST0:29400 --rdzv_id <stage key> -m llmpipe.training.trainer ...
 
 Start one Prefect worker per node in a process work pool (``prefect worker start --pool train``),
-and submit the pretrain flow once per node with ``train.node_rank=<r>`` (or let a cluster scheduler
-such as Slurm start ``llmpipe run CONFIG --from pretrain --until pretrain train.node_rank=$SLURM_NODEID`` on every
-node). The agents meet at the c10d rendezvous on node 0 and the world is nodes x nproc_per_node.
-All nodes must see the same store path (shared filesystem or object store cache) so the checkpoints
-written by every rank land in one place. With the DeepSpeed launcher, one node starts the others
-over ssh from ``train.hostfile`` (``deepspeed --hostfile H``), so only node 0 runs the stage.
+and submit the pretrain flow once per node with ``train.launch.node_rank=<r>`` (or let a cluster
+scheduler such as Slurm start ``llmpipe run CONFIG --from pretrain --until pretrain
+train.launch.node_rank=$SLURM_NODEID`` on every node). The agents meet at the c10d rendezvous on
+node 0 and the world is nodes x nproc_per_node. All nodes must see the same store path (shared
+filesystem or object store cache) so the checkpoints written by every rank land in one place. With
+the DeepSpeed launcher, one node starts the others over ssh from ``train.launch.hostfile``
+(``deepspeed --hostfile H``), so only node 0 runs the stage.
 
 Tested on one machine as two "nodes" on 127.0.0.1 (``tests/unit/training``).
 """
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.processes import free_port, spawn, stop_tree
+from llmpipe.training.config import LaunchConfig
 from llmpipe.training.trainer import METRIC_PREFIX
 
 
@@ -52,7 +54,7 @@ class LaunchResult:
 TRAINER_MODULE = "llmpipe.training.trainer"
 
 
-def build_command(cfg: Any, spec_path: Path, log_dir: Path, rdzv_id: str = "llmpipe",
+def build_command(cfg: LaunchConfig, spec_path: Path, log_dir: Path, rdzv_id: str = "llmpipe",
                   python: str | None = None, module: str = TRAINER_MODULE) -> list[str]:
     """The launcher command line for this node (see the module docstring for multi-node).
 
@@ -81,7 +83,7 @@ def build_command(cfg: Any, spec_path: Path, log_dir: Path, rdzv_id: str = "llmp
     return cmd + worker
 
 
-def worker_env(cfg: Any, extra: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(cfg: LaunchConfig, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of the workers: threads per process, DeepSpeed on CPU, unbuffered logs."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -106,7 +108,7 @@ def _cuda_available() -> bool:
 
 
 def launch(
-    cfg: Any,
+    cfg: LaunchConfig,
     spec: dict[str, Any],
     run_dir: Path,
     on_log: Callable[[str], None] | None = None,
@@ -117,7 +119,8 @@ def launch(
 ) -> LaunchResult:
     """Write the spec, start the launcher, stream its output, and raise TrainingError on failure/timeout.
 
-    ``on_log`` gets every line the workers print (the stage passes its logger); ``on_metric`` gets
+    ``cfg`` is ``train.launch`` (how to start the workers); the spec carries the whole ``train:``
+    section to them. ``on_log`` gets every line the workers print (the stage passes its logger); ``on_metric`` gets
     each metric record as rank 0 prints it. If a callback raises, the workers are killed and the
     exception propagates (this is how tests kill a run mid-training).
     """
@@ -166,7 +169,7 @@ def launch(
     except subprocess.TimeoutExpired:
         _kill(proc)
         reader.join(5)
-        raise TrainingError(f"training timed out after {cfg.timeout_s:.0f}s (train.timeout_s); "
+        raise TrainingError(f"training timed out after {cfg.timeout_s:.0f}s (train.launch.timeout_s); "
                             f"last output:\n" + "\n".join(tail[-20:])) from None
     except BaseException:
         _kill(proc)

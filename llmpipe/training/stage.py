@@ -9,10 +9,10 @@ go to the manifest's stats, and the per-step records with them stay in the run f
 Checkpoints live outside the artifact (``<store>/pretrain/_runs/<key>``) so a killed run resumes
 from them on the next attempt with the same key.
 
-Two runs of one key give the same bytes at the same threads per worker (``train.threads_per_process``,
-a run setting: 0 = cores / processes; the stats record it): CPU kernels split their float
-reductions by thread count, so on 2 gloo processes 2 threads each instead of 1 change the loss
-from step 2 on in the 7th digit, and the weights with it.
+Two runs of one key give the same bytes at the same threads per worker
+(``train.launch.threads_per_process``, a run setting: 0 = cores / processes; the stats record it):
+CPU kernels split their float reductions by thread count, so on 2 gloo processes 2 threads each
+instead of 1 change the loss from step 2 on in the 7th digit, and the weights with it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from llmpipe.files import link_file
 from llmpipe.stage import StageContext, stage
 from llmpipe.store import MANIFEST
 from llmpipe.tokenization.layout import TOKENIZER
-from llmpipe.training.config import STRATEGIES, TrainConfig
+from llmpipe.training.config import TrainConfig
 from llmpipe.training.launch import TrainingError, launch
 from llmpipe.training.layout import PRETRAIN
+from llmpipe.training.strategy import resolve as resolve_strategy
 from llmpipe.training.trainer import MEASURED_FIELDS
 
 SKIP_TOKENIZER_FILES = {MANIFEST}  # the tokenizer artifact's manifest is no tokenizer file
@@ -48,6 +49,17 @@ def vocab_size_of(tokenizer_dir: Path) -> int:
     raise TrainingError(f"train: tokenizer artifact {tokenizer_dir} has no tokenizer.json to read the vocab size")
 
 
+def model_config_of(cfg: TrainConfig, vocab_size: int) -> Any:
+    """The model's ``LlamaConfig`` without building the model: the checkpoint's, or the preset's."""
+    if cfg.model.init_from:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(cfg.model.init_from)
+    from llmpipe.training.model import llama_config
+
+    return llama_config(cfg.model.preset, vocab_size, cfg.model.overrides)
+
+
 def resolve_deepspeed(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
     """A relative ``train.deepspeed`` path is read against the config file's folder, then the cwd."""
     if isinstance(cfg.deepspeed, str) and not Path(cfg.deepspeed).is_absolute():
@@ -62,9 +74,7 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
     from llmpipe.training.data import open_packed
     from llmpipe.training.model import max_positions  # torch: loaded when the stage runs, not registers
 
-    if cfg.strategy not in STRATEGIES:
-        raise TrainingError(f"train.strategy: unknown strategy {cfg.strategy!r}; choose one of {STRATEGIES}")
-    world = cfg.world_size
+    world = cfg.launch.world_size
     if cfg.global_batch_size % (cfg.micro_batch_size * world):
         raise TrainingError(
             f"train.global_batch_size: must be divisible by micro_batch_size x world size "
@@ -75,6 +85,9 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
         raise TrainingError(f"train.split: missing shards: {e}") from None
     if len(source) == 0:
         raise TrainingError(f"train.split: the packed split {cfg.split!r} under {data_dir} is empty")
+    if cfg.loss.entity_weight is not None and not getattr(source, "index", {}).get("entity_mask"):
+        raise TrainingError("train.loss.entity_weight: the tokenize artifact has no entity mask; set "
+                            "tokenize.entity_mask: true (and entities.enabled: true)")
     seq_len = cfg.seq_len or int(source.seq_len)
     if seq_len > source.seq_len:
         raise TrainingError(f"train.seq_len: {seq_len} is longer than the packed sequences ({source.seq_len})")
@@ -89,24 +102,24 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
     if _will_use_cuda(cfg):
         import torch
 
-        if cfg.nproc_per_node > torch.cuda.device_count():
-            raise TrainingError(f"train.nproc_per_node: {cfg.nproc_per_node} processes but only "
+        if cfg.launch.nproc_per_node > torch.cuda.device_count():
+            raise TrainingError(f"train.launch.nproc_per_node: {cfg.launch.nproc_per_node} processes but only "
                                 f"{torch.cuda.device_count()} GPUs on this node")
     return {"seq_len": seq_len, "sequences": len(source), "world_size": world,
             "accumulation": cfg.global_batch_size // (cfg.micro_batch_size * world), "vocab_size": vocab_size}
 
 
 def _will_use_cuda(cfg: TrainConfig) -> bool:
-    if cfg.device != "auto":
-        return cfg.device == "cuda"
+    if cfg.launch.device != "auto":
+        return cfg.launch.device == "cuda"
     import torch
 
     return torch.cuda.is_available()
 
 
 def run_dir_for(ctx: StageContext) -> Path:
-    if ctx.config.checkpoint_dir:
-        return Path(ctx.config.checkpoint_dir)
+    if ctx.config.checkpoint.dir:
+        return Path(ctx.config.checkpoint.dir)
     return Path(ctx.store.shard_cache_root("pretrain")).parent / "_runs" / ctx.key[:32]
 
 
@@ -129,22 +142,27 @@ def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
     plt.close(fig)
 
 
-@stage("pretrain", version="2", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
+# version 3: train: in sub-sections (optimizer, schedule, guards, checkpoint, launch), so the key's
+# config is nested; the same values train the same model
+@stage("pretrain", version="3", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
        extra="train", requires=lambda cfg: ("torch", "transformers", "tokenizers", "matplotlib", *(
-           ("deepspeed",) if "deepspeed" in (cfg.train.strategy, cfg.train.launcher) else ())))
+           ("deepspeed",) if "deepspeed" in (cfg.train.strategy, cfg.train.launch.launcher) else ())))
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrain a Llama-style model with torchrun/DeepSpeed workers and export it with its tokenizer."""
     cfg: TrainConfig = resolve_deepspeed(ctx.config, ctx.pipeline.base_dir())
     data_dir, tok_dir = Path(ctx.inputs["tokenize"]), Path(ctx.inputs["tokenizer"])
     vocab = vocab_size_of(tok_dir)
     p = plan(cfg, data_dir, vocab)
+    cfg, chosen = resolve_strategy(cfg, model_config_of(cfg, vocab), p["seq_len"], ctx.log)
+    p.update(chosen)
     run_dir = run_dir_for(ctx)
     spec = {"train": cfg.model_dump(mode="json"), "data_dir": str(data_dir), "seq_len": p["seq_len"],
             "vocab_size": vocab, "checkpoint_dir": str(run_dir / "checkpoints"),
             "export_dir": str(run_dir / "export"), "base_dir": str(ctx.pipeline.base_dir())}
     ctx.log.info("pretrain: %s on %d x %d processes, %d sequences of %d tokens, accumulation %d",
-                 cfg.strategy, cfg.nodes, cfg.nproc_per_node, p["sequences"], p["seq_len"], p["accumulation"])
-    res = launch(cfg, spec, run_dir, on_log=ctx.log.info, rdzv_id=ctx.key[:16],
+                 cfg.strategy, cfg.launch.nodes, cfg.launch.nproc_per_node, p["sequences"], p["seq_len"],
+                 p["accumulation"])
+    res = launch(cfg.launch, spec, run_dir, on_log=ctx.log.info, rdzv_id=ctx.key[:16],
                  on_metric=lambda r: ctx.progress("pretrain steps", int(r["step"]), cfg.max_steps))
     export, ckpt = run_dir / "export", ctx.out / PRETRAIN.checkpoint
     for f in sorted(export.iterdir()):

@@ -21,26 +21,32 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmpipe.training.config import TrainConfig
 
 METRIC_PREFIX = "LLMPIPE_METRIC "
 # Fields of a step record that measure the run (speed, memory) rather than the training result: they
 # stay in the run folder's metrics.jsonl and the manifest's stats, never in the published artifact.
-MEASURED_FIELDS = ("tokens_per_s", "flops_per_s", "mfu", "peak_mem_mb", "step_time_s")
+MEASURED_FIELDS = ("tokens_per_s", "flops_per_s", "mfu", "peak_mem_mb", "step_time_s", "data_wait_s",
+                   "data_wait_share", "memory_mb")
 log = logging.getLogger("llmpipe.training.trainer")
 
 
-def lr_at(step: int, cfg: Any) -> float:
-    """Linear warmup to ``lr``, then cosine (optionally with warm restarts) down to ``min_lr_ratio*lr``."""
-    base, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
-    if step < cfg.warmup_steps:
-        return base * (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to ``optimizer.lr``, then cosine (optionally with warm restarts) down to
+    ``schedule.min_lr_ratio * lr``; ``cfg`` is the ``train:`` section (the cosine spans ``max_steps``)."""
+    sched = cfg.schedule
+    base, floor = cfg.optimizer.lr, cfg.optimizer.lr * sched.min_lr_ratio
+    if step < sched.warmup_steps:
+        return base * (step + 1) / sched.warmup_steps
+    if sched.kind == "constant":
         return base
-    t = step - cfg.warmup_steps
-    total = max(1, cfg.max_steps - cfg.warmup_steps)
-    if cfg.schedule == "cosine_restarts":
-        period = cfg.restart_period or max(1, total // 2)
+    t = step - sched.warmup_steps
+    total = max(1, cfg.max_steps - sched.warmup_steps)
+    if sched.kind == "cosine_restarts":
+        period = sched.restart_period or max(1, total // 2)
         frac = (t % period) / period
     else:
         frac = min(1.0, t / total)
@@ -73,7 +79,8 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", 0))
         self.world = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        want_cuda = self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
+        device = self.cfg.launch.device
+        want_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         self.device = torch.device(f"cuda:{self.local_rank}" if want_cuda else "cpu")
         if want_cuda:
             torch.cuda.set_device(self.device)
@@ -178,7 +185,7 @@ class Trainer:
             (tmp / "state.json").write_text(json.dumps(state))  # written last: marks it complete
             shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
-            for old in sorted(p for p in self.ckpt_root.glob("step_*"))[: -self.cfg.keep_checkpoints]:
+            for old in sorted(p for p in self.ckpt_root.glob("step_*"))[: -self.cfg.checkpoint.keep]:
                 shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint step %d -> %s", self.step, final.name)
         self._barrier()
@@ -210,19 +217,24 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         import torch
 
-        from llmpipe.training.data import batch
+        from llmpipe.training.data import batch, entity_batch
         from llmpipe.training.engines import surrogate_loss
 
-        cfg, eng = self.cfg, self.engine
+        eng = self.engine
         t0 = time.perf_counter()
-        lr = lr_at(self.step, cfg)
-        losses, bad_step = [], False
+        lr = self.learning_rate(self.step)
+        losses, bad_step, data_s = [], False, 0.0
         for a in range(self.order.accum):
-            ids, targets = batch(self.source, self.order.indices(self.step, a, self.rank), self.seq_len)
+            t_data = time.perf_counter()
+            idx = self.order.indices(self.step, a, self.rank)
+            ids, targets = batch(self.source, idx, self.seq_len)
             ids, targets = ids.to(self.device), targets.to(self.device)
+            entity = (entity_batch(self.source, idx, self.seq_len).to(self.device)
+                      if self.cfg.loss.entity_weight is not None else None)
+            data_s += time.perf_counter() - t_data
             last = a == self.order.accum - 1
             with eng.sync_context(last):
-                loss, logits = self.forward(ids, targets)
+                loss, logits = self.forward(ids, targets, entity)
                 bad = self._any(not bool(torch.isfinite(loss.detach())))
                 bad_step = bad_step or bad
                 if last and hasattr(eng, "set_lr"):
@@ -232,33 +244,41 @@ class Trainer:
         grad_norm = eng.step(lr, skip=bad_step)
         loss_mean = float("nan") if bad_step else self._mean(sum(losses) / len(losses))
         dt = time.perf_counter() - t0
-        return self._account(loss_mean, lr, grad_norm, bad_step, dt)
+        rec = self._account(loss_mean, lr, grad_norm, bad_step, dt)
+        rec.update(data_wait_s=data_s, data_wait_share=data_s / dt)  # waiting for data: the loader is slow
+        return rec
 
-    def forward(self, ids: Any, targets: Any) -> tuple[Any, Any]:
-        """(loss, logits) of one micro-batch; a subclass may change the loss (tests inject faults)."""
-        return self.engine.forward(ids, targets)
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of ``step``: the configured schedule (the LR finder sweeps its own)."""
+        return lr_at(step, self.cfg)
+
+    def forward(self, ids: Any, targets: Any, entity: Any = None) -> tuple[Any, Any]:
+        """(loss, logits) of one micro-batch (``entity``: the targets' entity mask when the entity loss
+        is on); a subclass may change the loss (tests inject faults)."""
+        return self.engine.forward(ids, targets, entity)
 
     def _account(self, loss: float, lr: float, grad_norm: float, bad: bool, dt: float) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, guards = self.cfg, self.cfg.guards
         if bad:
             self.nonfinite_total += 1
             self.nonfinite_streak += 1
             if self.rank == 0:
                 log.warning("step %d: non-finite loss, step skipped (%d in a row)", self.step,
                             self.nonfinite_streak)
-            if self.nonfinite_streak >= cfg.max_consecutive_nonfinite:
+            if self.nonfinite_streak >= guards.max_consecutive_nonfinite:
                 raise RuntimeError(
                     f"training aborted: the loss was non-finite for {self.nonfinite_streak} steps in a row "
                     f"(steps {self.step - self.nonfinite_streak + 2}..{self.step + 1}; "
-                    f"train.max_consecutive_nonfinite={cfg.max_consecutive_nonfinite}); lower train.lr, "
-                    "keep train.grad_clip > 0, or check the data")
+                    f"train.guards.max_consecutive_nonfinite={guards.max_consecutive_nonfinite}); lower "
+                    "train.optimizer.lr, keep train.optimizer.grad_clip > 0, or check the data")
         else:
             self.nonfinite_streak = 0
-            if self.loss_ema is not None and self.step >= cfg.warmup_steps and loss > cfg.spike_factor * self.loss_ema:
+            if self.loss_ema is not None and self.step >= cfg.schedule.warmup_steps \
+                    and loss > guards.spike_factor * self.loss_ema:
                 self.spikes += 1
                 if self.rank == 0:
                     log.warning("step %d: loss spike %.4f > %.1f x running mean %.4f", self.step, loss,
-                                cfg.spike_factor, self.loss_ema)
+                                guards.spike_factor, self.loss_ema)
             self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
         tokens = cfg.global_batch_size * self.seq_len
         tps = tokens / dt
@@ -272,14 +292,19 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.setup()
-        latest = self.latest_checkpoint() if cfg.resume else None
+        latest = self.latest_checkpoint() if cfg.checkpoint.resume else None
         if latest is not None:
             self.load_checkpoint(latest)
         metrics_path = self.run_dir / "metrics.jsonl"
         if self.rank == 0:
             self._truncate_metrics(metrics_path)
+        from llmpipe.training.watch import RunWatch
+
+        watch = RunWatch(cfg, self.device, self.run_dir, self.rank)
         while self.step < cfg.max_steps:
-            rec = self.train_step()
+            with watch.step(self.step):
+                rec = self.train_step()
+            rec["memory_mb"] = watch.after_step(rec)
             self.step += 1
             if self.rank == 0:
                 with metrics_path.open("a") as f:
@@ -288,8 +313,10 @@ class Trainer:
                     print(METRIC_PREFIX + json.dumps(rec), flush=True)
                     log.info("step %d/%d loss %.4f lr %.2e gnorm %.3f tok/s %.0f", self.step, cfg.max_steps,
                              rec["loss"], rec["lr"], rec["grad_norm"], rec["tokens_per_s"])
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.max_steps:
+            every = cfg.checkpoint.every
+            if every and self.step % every == 0 and self.step < cfg.max_steps:
                 self.save_checkpoint()
+        watch.close()
         self.save_checkpoint()
         self.export()
         import torch

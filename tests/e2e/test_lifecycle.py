@@ -23,7 +23,8 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-STAGES = ["ingest", "langid", "quality", "safety", "dedup", "augment", "tokenizer", "tokenize", "pretrain",
+STAGES = ["ingest", "langid", "quality", "coherence", "expertise", "safety", "entities", "dedup", "diversity", "timeliness",
+          "augment", "tokenizer", "tokenize", "pretrain",
           "evaluate", "quantize", "deploy"]
 
 

@@ -38,8 +38,8 @@ _SCRIPT = Path(sys.executable).with_name("llmpipe")
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "flows.cli"]
 SURVIVOR_S = GUARD_GRACE_S + 10  # the watchdog's SIGTERM grace, its SIGKILL, and a loaded machine
 # the prepared store's settings (the deploy runs must plan the same keys): as small as the stages allow
-PREPARED = ["train.max_steps=4", "train.checkpoint_every=4", "train.nproc_per_node=1", "evaluate.max_sequences=8",
-            "evaluate.max_new_tokens=4", "quantize.calibration.samples=8"]
+PREPARED = ["train.max_steps=4", "train.checkpoint.every=4", "train.launch.nproc_per_node=1",
+            "evaluate.max_sequences=8", "evaluate.max_new_tokens=4", "quantize.calibration.samples=8"]
 Found = Callable[[list[psutil.Process]], bool]
 STARTED: list[int] = []  # pids of the commands this module ran
 
@@ -253,7 +253,7 @@ def test_run_killed_in_deploy_leaves_no_triton(sig: signal.Signals, store: list[
 def test_run_killed_in_pretrain_leaves_no_workers(sig: signal.Signals, store: list[str], root: Path,
                                                   env: dict[str, str]) -> None:
     cmd = _run(root, env, f"pretrain-{sig.name}", *store, "--no-prefect", "--from", "pretrain", "--until", "pretrain",
-               "train.max_steps=100000", "train.checkpoint_every=0")
+               "train.max_steps=100000", "train.checkpoint.every=0")
     _check(cmd, workers_up, "torchrun and its workers", sig)
     if sig == signal.SIGINT:  # Ctrl-C: one line and exit 130; the traceback is in the stage's log only
         out = cmd.log.read_text(errors="replace")
@@ -265,7 +265,7 @@ def test_run_with_temporary_prefect_server_killed_in_pretrain(store: list[str], 
     """SIGKILL for the run alone: Prefect's stop of its temporary server (an exit handler) never runs,
     and uvicorn is a plain child of the run. (On SIGTERM Prefect's engine unwinds the run itself.)"""
     cmd = _run(root, env, "pretrain-prefect-SIGKILL", *store, "--from", "pretrain", "--until", "pretrain",
-               "train.max_steps=100000", "train.checkpoint_every=0")
+               "train.max_steps=100000", "train.checkpoint.every=0")
     _check(cmd, lambda ps: temporary_server_up(ps) and workers_up(ps),
            "Prefect's temporary server, torchrun and its workers", signal.SIGKILL, group=False)
 
@@ -286,6 +286,26 @@ def test_serve_stopped_leaves_no_triton(sig: signal.Signals, model_repo: Path, r
 
     _check(cmd, triton_up, "tritonserver and its stub", sig, after_up=no_stale_regions)
     assert regions(cmd.popen.pid) == []
+
+
+def test_serve_monitor_killed_leaves_no_triton_prometheus_alertmanager(model_repo: Path, root: Path,
+                                                                       env: dict[str, str]) -> None:
+    from llmpipe.processes import free_port
+    from llmpipe.serving.monitoring import alertmanager_binary, prometheus_binary
+
+    if prometheus_binary() is None or alertmanager_binary() is None:
+        pytest.skip("prometheus / alertmanager not installed (scripts/install.sh --test)")
+    ports = [str(free_port()) for _ in range(5)]
+    cmd = Command([*CLI, "serve", str(model_repo), "--monitor", "--http-port", ports[0], "--grpc-port", ports[1],
+                   "--metrics-port", ports[2], "--prometheus-port", ports[3], "--alertmanager-port", ports[4]],
+                  root / "serve-monitor.log", env)
+
+    def all_up(procs: list[psutil.Process]) -> bool:
+        names = [_cmdline(p) for p in procs]
+        return triton_up(procs) and any("prometheus --config" in c or "/prometheus " in c for c in names) \
+            and any("alertmanager" in c for c in names)
+
+    _check(cmd, all_up, "tritonserver, prometheus and alertmanager", signal.SIGKILL)
 
 
 # -- llmpipe worker ------------------------------------------------------------------------------------

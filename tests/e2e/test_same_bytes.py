@@ -29,7 +29,8 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 MEASURED = ("stats", "timings", "created")  # the manifest's record of this run: may differ
-SHORT = ["train.max_steps=20", "train.warmup_steps=2", "train.checkpoint_every=10", "quantize.calibration.samples=8"]
+SHORT = ["train.max_steps=20", "train.schedule.warmup_steps=2", "train.checkpoint.every=10",
+         "quantize.calibration.samples=8"]
 
 
 def _run_both(roots: list[Path]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from llmpipe.pipeline import load_stages
 from tests.conftest import write_jsonl
 
 
@@ -68,7 +69,7 @@ def _console(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("config", "override", "expected"), [
     ("sources: []\n", None, "sources: a pipeline needs at least one source, got []"),
     ("sources:\n  - {name: web, path: nowhere}\n", None, "sources.web.path:"),
-    ("sources:\n  - {name: web, path: data}\n", "train.lr=fast", "p.yaml: train.lr: "),
+    ("sources:\n  - {name: web, path: data}\n", "train.optimizer.lr=fast", "p.yaml: train.optimizer.lr: "),
 ])
 def test_bad_config_refused_before_prefect_starts(tmp_path: Path, config: str, override: str | None,
                                                    expected: str) -> None:
@@ -94,7 +95,8 @@ def test_failed_stage_prints_one_error_naming_stage_reason_and_log(tmp_path: Pat
     assert "Traceback" not in run.stderr and "Traceback" not in run.stdout
     log = tmp_path / lines[-1].split("log: ", 1)[1]
     assert log.name == "tokenizer.log" and "no-such-tokenizer" in log.read_text()
-    assert "[ 1/7] ingest" in run.stdout and "[ 6/7] augment" in run.stdout  # the stages before it
+    n = [*load_stages()].index("tokenizer") + 1  # the stages up to it (curation's dimensions among them)
+    assert f"[ 1/{n}] ingest" in run.stdout and f"[{n - 1:>2}/{n}] augment" in run.stdout  # the stages before it
 
 
 def test_verbose_run_shows_the_logs_in_the_terminal(tmp_path: Path) -> None:

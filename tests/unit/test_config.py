@@ -1,8 +1,9 @@
 from pathlib import Path
+from typing import Any, get_args, get_origin
 
 import pytest
 
-from llmpipe.config import ConfigError, load_config, parse_override
+from llmpipe.config import RENAMED_KEYS, ConfigError, PipelineConfig, load_config, parse_override, renamed_key
 from llmpipe.dag import plan
 from tests.conftest import ROOT
 
@@ -11,7 +12,7 @@ def test_overrides_are_typed_and_dotted() -> None:
     cfg = load_config(None, ["ingest.normalization=NFKC", "executor.workers=3", "ingest.min_chars=5"])
     assert cfg.ingest.normalization == "NFKC"
     assert cfg.executor.workers == 3 and cfg.ingest.min_chars == 5
-    assert parse_override("train.lr=3e-4") == (["train", "lr"], 3e-4)
+    assert parse_override("train.optimizer.lr=3e-4") == (["train", "optimizer", "lr"], 3e-4)
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
 
 
@@ -68,3 +69,46 @@ def test_tiny_config_is_valid() -> None:
 def test_a_renamed_section_names_its_new_key() -> None:
     with pytest.raises(ConfigError, match=r"<config>: runner: renamed to 'executor'"):
         load_config(None, data={"runner": {"workers": 1}})
+
+
+def test_a_moved_train_key_names_its_new_place(tmp_path: Path) -> None:
+    """A config written for the flat ``train:`` gets one line per old key, naming where it lives now."""
+    p = tmp_path / "old.yaml"
+    p.write_text("train:\n  lr: 1.0e-3\n  checkpoint_every: 5\n  nproc_per_node: 1\n  schedule: constant\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["train.warmup_steps=3"])
+    assert set(str(e.value).splitlines()) == {
+        f"{p}: train.lr: moved to 'train.optimizer.lr'",
+        f"{p}: train.checkpoint_every: moved to 'train.checkpoint.every'",
+        f"{p}: train.nproc_per_node: moved to 'train.launch.nproc_per_node'",
+        f"{p}: train.warmup_steps: moved to 'train.schedule.warmup_steps'",
+        f"{p}: train.schedule: is a section now: write schedule: {{kind: constant}} (train.schedule.kind), "
+        "got 'constant'",
+    }
+
+
+def test_renamed_keys_match_nested_and_list_locations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup takes the whole dotted path, with "[]" for a list entry (sources[].x)."""
+    monkeypatch.setitem(RENAMED_KEYS, "sources[].file", "sources[].path")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, data={"sources": [{"name": "a", "path": "x"}, {"name": "b", "file": "y"}]})
+    assert "<config>: sources.1.file: moved to 'sources[].path'" in str(e.value).splitlines()
+    assert renamed_key(("train", "launch", "nodes")) is None  # a new key is no old one
+    assert renamed_key(("train", "nodes")) == "train.launch.nodes"
+
+
+def test_every_renamed_key_points_at_a_key_that_exists() -> None:
+    """The new name of each old key is a real key, and no old name is still one (else it never fires)."""
+    def exists(path: str) -> bool:
+        model: Any = PipelineConfig
+        for part in path.replace("[]", "").split("."):
+            field = getattr(model, "model_fields", {}).get(part)
+            if field is None:
+                return False
+            model = field.annotation
+            if get_origin(model) is list:
+                model = get_args(model)[0]
+        return True
+
+    assert all(exists(new) and not exists(old) for old, new in RENAMED_KEYS.items()), RENAMED_KEYS
+    assert len([k for k in RENAMED_KEYS if k.startswith("train.")]) == 25

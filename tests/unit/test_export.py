@@ -110,11 +110,11 @@ def test_augment_links_the_shards_it_adds_nothing_to(corpus: dict[str, Any]) -> 
 
 def test_a_filter_stage_without_filters_links_its_input(tmp_path: Path) -> None:
     from llmpipe.curation.config import SafetyConfig
-    from llmpipe.curation.stages import filter_shard
+    from llmpipe.curation.stages import FilterJob, filter_shard
 
     src = tmp_path / "in" / "s.parquet"
     write_shard(src, [Document("1", "some text", "t", {"lang": "en"}), Document("2", "more text", "t", {})])
-    funnel = filter_shard(("safety", str(src), SafetyConfig(filters=[])), tmp_path / "out")
+    funnel = filter_shard(FilterJob("safety", str(src), SafetyConfig(filters=[])), tmp_path / "out")
     assert (tmp_path / "out" / SHARDS / "s.parquet").samefile(src)
     assert read_shard(tmp_path / "out" / REJECTED / "s.parquet") == []
     assert (funnel["in"], funnel["kept"], funnel["rejected"]) == (2, 2, {})

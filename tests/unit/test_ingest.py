@@ -122,19 +122,20 @@ def test_big_files_split_into_chunks_keep_every_line_once(workdir: Path) -> None
 
 
 def test_arrow_fast_path_writes_the_same_shards_as_the_line_loop(tmp_path: Path) -> None:
+    from dataclasses import replace
+
     from llmpipe.ingest import chunk_bounds, fast_jsonl, ingest_file
     from llmpipe.store import sha256_file
+    from tests.fixtures.ingest_jobs import ingest_job
 
     recs = [{"text": f"Ｆｕｌｌ width {i}\x07 and café\u0301", "url": f"u{i}", "n": i, "ok": i % 2 == 0,
              "score": i / 3} for i in range(300)]
     f = write_jsonl(tmp_path / "clean.jsonl", recs)
     cfg = {"normalization": "NFKC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 128}
-    arg = {"path": str(f), "format": "jsonl", "rel": "clean.jsonl", "display": str(f), "source": "s",
-           "prefix": "s-clean", "text_field": "text", "id_field": "n", "config": cfg,
-           "chunk": chunk_bounds(f, 3)[1]}
+    job = ingest_job(f, prefix="s-clean", id_field="n", chunk=chunk_bounds(f, 3)[1], **cfg)
     fast_out, slow_out = tmp_path / "fast", tmp_path / "slow"
-    assert fast_jsonl(arg, fast_out) is not None
-    stats = ingest_file({**arg, "fast": False}, slow_out)
+    assert fast_jsonl(job, fast_out) is not None
+    stats = ingest_file(replace(job, fast=False), slow_out)
     fast_files = sorted(p.name for p in (fast_out / "shards").iterdir())
     assert fast_files == sorted(p.name for p in (slow_out / "shards").iterdir()) and len(fast_files) == 1
     for name in fast_files:
@@ -144,6 +145,7 @@ def test_arrow_fast_path_writes_the_same_shards_as_the_line_loop(tmp_path: Path)
 
 def test_fast_path_declines_anything_unclean(tmp_path: Path) -> None:
     from llmpipe.ingest import fast_jsonl
+    from tests.fixtures.ingest_jobs import ingest_job
 
     cfg = {"normalization": "NFC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 100}
     cases = {
@@ -156,6 +158,31 @@ def test_fast_path_declines_anything_unclean(tmp_path: Path) -> None:
     }
     for name, recs in cases.items():
         f = write_jsonl(tmp_path / f"{name}.jsonl", recs)
-        arg = {"path": str(f), "format": "jsonl", "rel": f.name, "display": str(f), "source": "s", "prefix": name,
-               "text_field": "text", "id_field": None, "config": cfg}
-        assert fast_jsonl(arg, tmp_path / name) is None, name
+        assert fast_jsonl(ingest_job(f, prefix=name, **cfg), tmp_path / name) is None, name
+
+
+def test_planned_units_are_typed_picklable_jobs(workdir: Path, tmp_path: Path) -> None:
+    """The planner hands the stage frozen ``IngestUnit``s: a chunked file gives one per chunk (in order,
+    covering the file), they survive the trip to a worker process, and a misspelled field fails where
+    the job is built, not as a KeyError in a worker."""
+    import dataclasses
+    import pickle
+
+    import pytest
+
+    from llmpipe.ingest import IngestJob, IngestUnit, plan_inputs
+
+    f = write_jsonl(workdir / "data" / "big.jsonl", [{"text": f"document number {i} " * 4} for i in range(400)])
+    cfg = load_config(None, ["ingest.chunk_mb=0.004"], data={"sources": [{"name": "s", "path": str(f)}]})
+    units, keys = plan_inputs(cfg, tmp_path / "state")
+    assert len(units) > 5 and all(type(u) is IngestUnit for u in units)
+    assert units[0].chunk[0] == 0 and units[-1].chunk[1] == f.stat().st_size
+    assert all(a.chunk[1] == b.chunk[0] for a, b in zip(units, units[1:], strict=False))
+    assert [u.prefix[-5:] for u in units[:2]] == ["c0000", "c0001"]
+    assert {u.source_key for u in units} == {keys["source:s"]}
+    job = IngestJob(units[1], cfg.ingest)
+    assert pickle.loads(pickle.dumps(job)) == job
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.fast = False  # type: ignore[misc]
+    with pytest.raises(TypeError, match="text_feild"):
+        IngestUnit(**{**dataclasses.asdict(units[0]), "text_feild": "body"})

@@ -4,12 +4,14 @@ the line loop, or decline. And the one-read scan of a source must agree with a p
 import hashlib
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from llmpipe.ingest import chunk_bounds, fast_jsonl, ingest_file, scan_file
 from tests.conftest import write_jsonl
+from tests.fixtures.ingest_jobs import ingest_job
 
 CFG = {"normalization": "NFC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 7}
 
@@ -18,11 +20,9 @@ def _both(tmp_path: Path, recs: list, id_field: str | None = None, chunk: bool =
           **cfg) -> tuple[dict | None, dict]:
     """(fast path's stats or None, line loop's stats); where the fast path ran, the same shard bytes."""
     f = write_jsonl(tmp_path / "x.jsonl", recs)
-    arg = {"path": str(f), "format": "jsonl", "rel": "x.jsonl", "display": str(f), "source": "s",
-           "prefix": "p", "text_field": "text", "id_field": id_field, "config": {**CFG, **cfg},
-           "chunk": chunk_bounds(f, 2)[1] if chunk else None}
-    fast = fast_jsonl(arg, tmp_path / "fast")
-    slow = ingest_file({**arg, "fast": False}, tmp_path / "slow")
+    job = ingest_job(f, id_field=id_field, chunk=chunk_bounds(f, 2)[1] if chunk else None, **{**CFG, **cfg})
+    fast = fast_jsonl(job, tmp_path / "fast")
+    slow = ingest_file(replace(job, fast=False), tmp_path / "slow")
     if fast is not None:
         names = sorted(p.name for p in (tmp_path / "slow" / "shards").iterdir())
         assert sorted(p.name for p in (tmp_path / "fast" / "shards").iterdir()) == names

@@ -16,9 +16,11 @@ import zstandard
 from llmpipe.config import load_config
 from llmpipe.dag import run_pipeline
 from llmpipe.document import Document, metadata_value, read_shard
-from llmpipe.ingest import BOM, fast_jsonl, ingest_file
+from llmpipe.ingest import BOM, IngestJob, fast_jsonl, ingest_file
+from llmpipe.pipeline import load_stages
 from tests.conftest import write_jsonl
 from tests.fixtures.curation_docs import GOOD_EN
+from tests.fixtures.ingest_jobs import ingest_job
 
 OTHER_EN = (
     "Farmers in the northern valley began the harvest early this year because of the warm spring.\n"
@@ -50,10 +52,8 @@ def _docs(path: str | Path, sub: str = "shards") -> list[Document]:
     return [d for p in sorted((Path(path) / sub).glob("*.parquet")) for d in read_shard(p)]
 
 
-def _arg(path: Path, fmt: str = "jsonl") -> dict:
-    return {"path": str(path), "format": fmt, "rel": path.name, "display": str(path), "source": "s",
-            "prefix": "p", "text_field": "text", "id_field": None,
-            "config": {"normalization": "NFC", "strip_control": True, "min_chars": 1, "max_docs_per_shard": 100}}
+def _arg(path: Path, fmt: str = "jsonl", fast: bool = True) -> IngestJob:
+    return ingest_job(path, fmt, fast=fast, max_docs_per_shard=100)
 
 
 def _quarantine(out: Path) -> list[dict]:
@@ -71,7 +71,8 @@ def test_nested_fields_reach_the_end_of_curation_exactly(tmp_path: Path) -> None
     cfg = _config(tmp_path, [{"name": "web", "path": str(tmp_path / "src")}], langid={"languages": ["en"]},
                   augment={"enabled": True, "operators": [synonyms]})
     runs = {r.stage: r for r in run_pipeline(cfg, until="augment")}
-    assert list(runs) == ["ingest", "langid", "quality", "safety", "dedup", "augment"]
+    order = list(load_stages())
+    assert list(runs) == order[: order.index("augment") + 1]  # every curation stage, the dimensions too
     for stage in runs:  # each stage's output carries the record's own fields, unchanged
         docs = _docs(runs[stage].path)
         assert len(docs) >= 2 and any(d.meta("plain") == "kept too" for d in docs), stage
@@ -152,7 +153,7 @@ def test_byte_order_marks_are_stripped_everywhere(tmp_path: Path) -> None:
     # the Arrow fast path takes a BOM on the first line (same bytes as the line loop) and leaves the rest
     (tmp_path / "first.jsonl").write_bytes(BOM + b'{"text": "a"}\n{"text": "b"}\n')
     assert fast_jsonl(_arg(tmp_path / "first.jsonl"), tmp_path / "fast") is not None
-    ingest_file({**_arg(tmp_path / "first.jsonl"), "fast": False}, tmp_path / "slow")
+    ingest_file(_arg(tmp_path / "first.jsonl", fast=False), tmp_path / "slow")
     shard = "shards/p-00000.parquet"
     assert (tmp_path / "fast" / shard).read_bytes() == (tmp_path / "slow" / shard).read_bytes()
     assert fast_jsonl(_arg(src / "a.jsonl"), tmp_path / "fast2") is None
@@ -221,6 +222,6 @@ def test_corrupt_or_mislabelled_gzip_is_one_quarantined_record(tmp_path: Path) -
     text = tmp_path / "cut.txt.gz"  # a declared text file, cut: its one document is quarantined
     whole = gzip.compress(_records(500))
     text.write_bytes(whole[: len(whole) // 2])
-    stats = ingest_file({**_arg(text, "text")}, tmp_path / "text")
+    stats = ingest_file(_arg(text, "text"), tmp_path / "text")
     assert (stats["read"], stats["quarantined"]) == (1, 1)
     assert _quarantine(tmp_path / "text")[0]["reason"].startswith("truncated gzip stream after line")

@@ -94,8 +94,10 @@ class TemplateOp(_OperatorBase):
     templates_file: str | None = Field(
         None, description="one template per line, '[lang]' lines start a language; default: shipped file")
     values: dict[str, list[str]] = Field(default_factory=dict, description="slot -> values")
-    entity_slots: dict[str, Literal["capitalized", "number"]] = Field(
-        default_factory=lambda: {"ENTITY": "capitalized", "NUMBER": "number"})
+    entity_slots: dict[str, str] = Field(
+        default_factory=lambda: {"ENTITY": "capitalized", "NUMBER": "number"},
+        description="slot -> 'capitalized' or 'number' (found by pattern in the document, else its shard), "
+                    "or an entity label (PER, DATE, ...: the document's own entities of that label)")
     per_document: int = Field(1, gt=0, description="filled templates per touched document")
 
     @model_validator(mode="after")
@@ -106,8 +108,13 @@ class TemplateOp(_OperatorBase):
         for slot, vals in self.values.items():
             if not vals:
                 raise ValueError(f"values.{slot}: needs at least one value")
+        for slot, kind in self.entity_slots.items():
+            if not kind.strip():
+                raise ValueError(f"entity_slots.{slot}: give 'capitalized', 'number' or an entity label")
         return self
 
+
+HEURISTIC_SLOTS = frozenset({"capitalized", "number"})  # TemplateOp.entity_slots kinds that are not labels
 
 Operator = Annotated[SynonymOp | ContextualOp | BackTranslationOp | RestructureOp | TemplateOp,
                      Field(discriminator="type")]

@@ -24,6 +24,7 @@ from llmpipe.curation.augment.operators import (
     lang_of,
     split_sentences,
 )
+from llmpipe.curation.entities.spans import ENTITIES, has_private_use, protect, restore, shift, spans_of
 from llmpipe.document import Document
 
 _MODELS: dict[tuple[str, str, str], tuple[Any, Any]] = {}
@@ -74,13 +75,19 @@ class ContextualReplacer:
                 edits[di].append((s, e, batch[di][1].choice(good)))
         out = []
         for (doc, _), ed in zip(batch, edits, strict=True):
-            out.append(Outcome(texts=[apply_edits(doc.text, ed)]) if ed else Outcome(reason="no_prediction"))
+            if not ed:
+                out.append(Outcome(reason="no_prediction"))
+                continue
+            spans = [shift(spans_of(doc.metadata), ed)] if ENTITIES in doc.metadata else None
+            out.append(Outcome(texts=[apply_edits(doc.text, ed)], spans=spans))
         return out
 
     def _choose(self, doc: Document, rng: random.Random) -> list[tuple[int, int, str]]:
         pat = _CJK_CHAR if lang_of(doc) in CJK_LANGS else _WORD
+        ents = spans_of(doc.metadata)  # words inside an entity are never masked
         spans = [(m.start(), m.end(), m.group()) for m in pat.finditer(doc.text)
-                 if pat is _CJK_CHAR or len(m.group()) >= 3]
+                 if (pat is _CJK_CHAR or len(m.group()) >= 3)
+                 and not any(e["start"] < m.end() and m.start() < e["end"] for e in ents)]
         if not spans:
             return []
         chosen = [s for s in spans if rng.random() < self.op.probability] or [rng.choice(spans)]
@@ -116,7 +123,12 @@ def _same_kind(cand: str, word: str) -> bool:
 
 
 class BackTranslator:
-    """Paraphrase by translating sentences through a chain of seq2seq models (e.g. zh->en->zh)."""
+    """Paraphrase by translating sentences through a chain of seq2seq models (e.g. zh->en->zh).
+
+    A sentence that holds an entity span is kept as it is (a translation would rewrite the name or
+    the date): spans are protected as one character each, and sentences holding one are not sent to
+    the models, so a child carries every span of its parent, exactly.
+    """
 
     def __init__(self, op: BackTranslationOp, device: str = "cpu") -> None:
         self.op, self.device = op, device
@@ -125,32 +137,47 @@ class BackTranslator:
     def apply(self, batch: Sequence[tuple[Document, random.Random]]) -> list[Outcome]:
         layouts, flat = [], []
         for doc, _ in batch:
-            parts = _PARA_SPLIT.split(doc.text)
+            ents = spans_of(doc.metadata)
+            guard = ents if ents and not has_private_use(doc.text) else []  # else: relocate() afterwards
+            parts = _PARA_SPLIT.split(protect(doc.text, guard) if guard else doc.text)
             sents = [split_sentences(parts[i]) for i in range(0, len(parts), 2)]
-            layouts.append((parts, sents))
+            layouts.append((parts, sents, guard))
             n = 0
             for ss in sents:
                 take = ss[: max(0, self.op.max_sentences - n)]
-                flat.extend(take)
+                flat.extend(x for x in take if not (guard and has_private_use(x)))
                 n += len(take)
         translated = self.translate(flat)
         out, pos = [], 0
-        for (doc, _), (parts, sents) in zip(batch, layouts, strict=True):
+        for (doc, _), (parts, sents, guard) in zip(batch, layouts, strict=True):
             joiner = "" if lang_of(doc) in CJK_LANGS else " "
             n = 0
             for pi, ss in enumerate(sents):
                 take = min(len(ss), max(0, self.op.max_sentences - n))
-                new = [t.strip() for t in translated[pos : pos + take]] + ss[take:]
-                pos += take
+                new = []
+                for x in ss[:take]:
+                    if guard and has_private_use(x):  # holds a span: not translated
+                        new.append(x)
+                    else:
+                        new.append(translated[pos].strip())
+                        pos += 1
+                new += ss[take:]
                 n += take
                 parts[2 * pi] = joiner.join(x for x in new if x)
             text = "".join(parts)
+            spans = None
+            if guard:
+                restored = restore(text, guard)
+                if restored is None:
+                    out.append(Outcome(reason="entity_lost"))
+                    continue
+                text, spans = restored[0], [restored[1]]
             if not text.strip():
                 out.append(Outcome(reason="empty_translation"))
             elif text == doc.text:
                 out.append(Outcome(reason="unchanged"))
             else:
-                out.append(Outcome(texts=[text]))
+                out.append(Outcome(texts=[text], spans=spans))
         return out
 
     def translate(self, texts: list[str]) -> list[str]:

@@ -5,6 +5,13 @@ Every operator works on a batch of ``(Document, random.Random)`` pairs and retur
 generator is seeded from (augment seed, operator label, document id), so a document's augmentation
 does not depend on which other documents share its shard or batch: the output is deterministic for a
 seed and stable when a refresh adds shards.
+
+Entity spans (``metadata["entities"]``, from the ``entities`` stage) are never replaced or broken:
+synonym replacement skips words inside a span; restructuring works on the text with every span
+protected as one character (:func:`llmpipe.curation.entities.spans.protect`), so a span moves whole
+and no sentence or clause is split inside one; templates can fill slots with the document's own
+entities by label. Each outcome carries the child's spans at their new offsets. A document without
+spans is augmented exactly as before.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from llmpipe.curation.augment.config import RestructureOp, SynonymOp, TemplateOp
+from llmpipe.curation.augment.config import HEURISTIC_SLOTS, RestructureOp, SynonymOp, TemplateOp
+from llmpipe.curation.entities.spans import ENTITIES, Span, has_private_use, protect, restore, shift, spans_of
 from llmpipe.document import Document
 
 # Languages written without spaces between words: matched by longest dictionary entry, per character.
@@ -36,10 +44,27 @@ _COMMON_CAPS = frozenset({"The", "A", "An", "In", "On", "At", "It", "This", "Tha
 
 @dataclass
 class Outcome:
-    """What an operator made of one document: new texts, or why it made none."""
+    """What an operator made of one document: new texts, or why it made none.
+
+    ``spans``: each text's entity spans when the document has spans (None: the operator left that to
+    :func:`relocate`, or the document has none).
+    """
 
     texts: list[str] = field(default_factory=list)
     reason: str | None = None
+    spans: list[list[Span]] | None = None
+
+
+def relocate(text: str, spans: list[Span]) -> list[Span]:
+    """The spans whose text is still in ``text``, found in order (for operators that rewrite freely,
+    such as back-translation); a span whose text is gone is dropped."""
+    out, pos = [], 0
+    for sp in spans:
+        at = text.find(sp["text"], pos)
+        if at >= 0:
+            out.append({**sp, "start": at, "end": at + len(sp["text"])})
+            pos = at + len(sp["text"])
+    return out
 
 
 def lang_of(doc: Document) -> str:
@@ -96,13 +121,17 @@ class SynonymReplacer:
         table = self.tables.get(lang)
         if table is None:
             return Outcome(reason="no_table_for_language")
+        ents = spans_of(doc.metadata)
         spans = self._matches(doc.text, table, lang)
+        if ents:  # never replace a word inside an entity
+            spans = [m for m in spans if not _touches(ents, m[0], m[1])]
         if not spans:
             return Outcome(reason="no_match")
         chosen = [s for s in spans if rng.random() < self.op.probability] or [rng.choice(spans)]
         chosen = chosen[: self.op.max_replacements]
         edits = [(s, e, _match_case(w, rng.choice(table[w.lower()]))) for s, e, w in chosen]
-        return Outcome(texts=[apply_edits(doc.text, edits)])
+        text = apply_edits(doc.text, edits)
+        return Outcome(texts=[text], spans=[shift(ents, edits)] if ENTITIES in doc.metadata else None)
 
     def _matches(self, text: str, table: dict[str, list[str]], lang: str) -> list[tuple[int, int, str]]:
         if lang in CJK_LANGS:
@@ -123,6 +152,10 @@ def _longest_matches(text: str, table: dict[str, list[str]], max_len: int) -> li
         else:
             i += 1
     return out
+
+
+def _touches(spans: list[Span], start: int, end: int) -> bool:
+    return any(sp["start"] < end and start < sp["end"] for sp in spans)
 
 
 def _match_case(original: str, replacement: str) -> str:
@@ -172,8 +205,25 @@ class Restructurer:
         return split_sentences(paragraph)
 
     def _one(self, doc: Document, rng: random.Random) -> Outcome:
-        joiner = "" if lang_of(doc) in CJK_LANGS else " "
-        parts = _PARA_SPLIT.split(doc.text)  # paragraphs at even indices, separators at odd ones
+        ents = spans_of(doc.metadata)
+        if not ents:
+            out = self._reordered(doc.text, lang_of(doc), rng)
+            if out.texts and ENTITIES in doc.metadata:
+                out.spans = [[]]
+            return out
+        if has_private_use(doc.text):
+            return Outcome(reason="private_use_characters")
+        out = self._reordered(protect(doc.text, ents), lang_of(doc), rng)
+        if not out.texts:
+            return out
+        restored = restore(out.texts[0], ents)
+        if restored is None:
+            return Outcome(reason="entity_lost")
+        return Outcome(texts=[restored[0]], spans=[restored[1]])
+
+    def _reordered(self, text: str, lang: str, rng: random.Random) -> Outcome:
+        joiner = "" if lang in CJK_LANGS else " "
+        parts = _PARA_SPLIT.split(text)  # paragraphs at even indices, separators at odd ones
         candidates: list[tuple[int, list[str]]] = []
         for i in range(0, len(parts), 2):
             units = self._units(parts[i])
@@ -290,6 +340,29 @@ def find_entities(text: str) -> dict[str, list[str]]:
     return {"capitalized": sorted(set(caps)), "number": sorted(set(_NUMBER.findall(text)))}
 
 
+# labels of the rule recognizer that are numbers: a "number" slot takes them, a "capitalized" slot the rest
+_NUMBER_LABELS = frozenset({"QUANTITY", "MONEY", "PERCENT", "CARDINAL"})
+_NOT_NAMES = _NUMBER_LABELS | {"DATE", "TIME", "URL", "EMAIL", "ORDINAL"}
+
+
+def _entity_values(spans: list[Span]) -> tuple[dict[str, list[str]], dict[tuple[str, str], Span]]:
+    """The document's entity texts by label and by heuristic kind (``capitalized``: names of any label,
+    ``number``: quantities, money, percentages), each text once; and the first span of each."""
+    by: dict[str, list[str]] = {}
+    first: dict[tuple[str, str], Span] = {}
+    for sp in spans:
+        kinds = [sp["label"]]
+        if sp["label"] in _NUMBER_LABELS:
+            kinds.append("number")
+        elif sp["label"] not in _NOT_NAMES:
+            kinds.append("capitalized")
+        for kind in kinds:
+            if (kind, sp["text"]) not in first:
+                first[(kind, sp["text"])] = sp
+                by.setdefault(kind, []).append(sp["text"])
+    return by, first
+
+
 class TemplateFiller:
     """Make new documents by filling templates with the document's (or its shard's) entities."""
 
@@ -300,7 +373,7 @@ class TemplateFiller:
             self.templates = load_templates(op.templates_file or data_path("templates.txt"))
         if op.templates:
             self.templates.setdefault("*", []).extend(op.templates)
-        known = set(op.values) | set(op.entity_slots)
+        known = set(op.values) | set(op.entity_slots)  # entity_slots: a heuristic kind or an entity label
         for lang, temps in self.templates.items():
             for t in temps:
                 unknown = set(_SLOT.findall(t)) - known
@@ -323,18 +396,37 @@ class TemplateFiller:
     def _one(self, doc: Document, rng: random.Random) -> Outcome:
         lang = lang_of(doc)
         own = find_entities(doc.text)
+        by_label, first = _entity_values(spans_of(doc.metadata))
         temps = self.templates.get(lang, []) + self.templates.get("*", [])
-        usable = [t for t in temps if all(self._values(s, own) for s in _SLOT.findall(t))]
+        usable = [t for t in temps if all(self._values(s, own, by_label) for s in _SLOT.findall(t))]
         if not usable:
             return Outcome(reason="no_fillable_template")
-        texts = []
+        texts, spans = [], []
         for _ in range(self.op.per_document):
             t = rng.choice(usable)
-            texts.append(_SLOT.sub(lambda m: rng.choice(self._values(m.group(1), own)), t))
-        return Outcome(texts=texts)
+            parts: list[str] = []
+            child: list[Span] = []
+            pos = size = 0
+            for m in _SLOT.finditer(t):
+                parts.append(t[pos : m.start()])
+                size += m.start() - pos
+                slot = m.group(1)
+                value = rng.choice(self._values(slot, own, by_label))
+                parent = first.get((self.op.entity_slots.get(slot, ""), value)) if slot not in self.op.values else None
+                if parent is not None:  # an entity of the parent, at its place in the child
+                    child.append({**parent, "start": size, "end": size + len(value)})
+                parts.append(value)
+                size += len(value)
+                pos = m.end()
+            parts.append(t[pos:])
+            texts.append("".join(parts))
+            spans.append(child)
+        return Outcome(texts=texts, spans=spans if ENTITIES in doc.metadata else None)
 
-    def _values(self, slot: str, own: dict[str, list[str]]) -> list[str]:
+    def _values(self, slot: str, own: dict[str, list[str]], by_label: dict[str, list[str]]) -> list[str]:
         if slot in self.op.values:
             return self.op.values[slot]
         kind = self.op.entity_slots[slot]
-        return own.get(kind) or self.pool.get(kind, [])
+        if kind not in HEURISTIC_SLOTS:
+            return by_label.get(kind, [])
+        return by_label.get(kind) or own.get(kind) or self.pool.get(kind, [])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,15 @@ from llmpipe.curation.augment.config import (
     SynonymOp,
     TemplateOp,
 )
-from llmpipe.curation.augment.operators import Outcome, Restructurer, SynonymReplacer, TemplateFiller, lang_of
+from llmpipe.curation.augment.operators import (
+    Outcome,
+    Restructurer,
+    SynonymReplacer,
+    TemplateFiller,
+    lang_of,
+    relocate,
+)
+from llmpipe.curation.entities.spans import ENTITIES, check_spans
 from llmpipe.curation.funnel import report_funnel
 from llmpipe.document import SHARDS, Document, input_shards, read_shard, write_shard
 from llmpipe.files import link_file
@@ -45,7 +54,8 @@ pq = lazy_import("pyarrow.parquet")  # loaded when the stage runs, not when it r
 
 # 2: an empty shard has no row group (`datasets` reads it); unchanged shards linked
 # 3: funnel.json (in, kept, rejected, filters, added per operator, out) and funnel.png
-VERSION = "3"
+# 4: entity spans kept: never replaced or split, children carry them shifted (documents without spans: as in 3)
+VERSION = "4"
 BATCH = 64
 
 
@@ -110,13 +120,24 @@ def augment_documents(docs: list[Document], cfg: AugmentConfig, log: Any = None)
                 for v, text in enumerate(res.texts):
                     meta = dict(d.metadata)
                     meta.update(parent_id=d.id, augment_op=label, augment_type=op.type, augment_seed=cfg.seed)
+                    if ENTITIES in meta:  # the child's own spans, at their offsets in its text
+                        meta[ENTITIES] = res.spans[v] if res.spans is not None else relocate(text, meta[ENTITIES])
+                        check_spans(text, meta[ENTITIES], where=f"augment {label} child of {d.id}")
                     out.append(Document(child_id(d.id, label, cfg.seed, v), text, d.source, meta))
                     st["augmented_docs"] += 1
     return out, stats
 
 
-def _augment_shard(arg: tuple[str, AugmentConfig], out_dir: Path) -> dict[str, Any]:
-    path, cfg = arg
+@dataclass(frozen=True)
+class AugmentJob:
+    """One shard job: augment the documents of one input shard (``config``'s paths already resolved)."""
+
+    path: str  # the input shard; the output shard has its file name
+    config: AugmentConfig
+
+
+def _augment_shard(job: AugmentJob, out_dir: Path) -> dict[str, Any]:
+    path, cfg = job.path, job.config
     docs = read_shard(path)
     children, stats = augment_documents(docs, cfg)
     kept = docs if cfg.keep_originals else []
@@ -177,14 +198,14 @@ def _report(ctx: StageContext, keep_originals: bool, docs_in: int, totals: dict[
         "filters": {}, "added": added, "out": kept + sum(added.values())})
 
 
-@stage("augment", version=VERSION, inputs=("dedup",), config_field="augment", flow="data_refresh",
+@stage("augment", version=VERSION, inputs=("timeliness",), config_field="augment", flow="data_refresh",
        requires=lambda cfg: ("matplotlib", *(("torch", "transformers") if cfg.augment.enabled and any(
            op.type in ("contextual", "back_translation") for op in cfg.augment.operators) else ())),
        extra="curation")
 def run_augment(ctx: StageContext) -> dict[str, Any]:
     """Augment curated documents (synonyms, masked LM, back-translation, restructuring, templates)."""
     cfg: AugmentConfig = ctx.config
-    src = ctx.inputs["dedup"]
+    src = ctx.inputs["timeliness"]
     shards = input_shards(src)
     (ctx.out / SHARDS).mkdir(parents=True, exist_ok=True)
     if not cfg.enabled or not cfg.operators:
@@ -200,7 +221,7 @@ def run_augment(ctx: StageContext) -> dict[str, Any]:
     cfg = resolve_paths(cfg, base)
     _check_models(cfg)
     # the name too: the result is a file of that name, and two shards may hold the same bytes (empty ones)
-    items = [(hash_json(["augment", VERSION, key_cfg, s.sha256, s.name]), (str(s.path), cfg)) for s in shards]
+    items = [(hash_json(["augment", VERSION, key_cfg, s.sha256, s.name]), AugmentJob(str(s.path), cfg)) for s in shards]
     results = ctx.cached_map(_augment_shard, items, desc="augment")
     totals: dict[str, Any] = {}
     docs_in = docs_out = 0

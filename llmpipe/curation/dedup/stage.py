@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,41 @@ INDEX_FORMAT = 2  # 2: memory index as base + deltas
 
 # -- per-shard work (runs in worker processes) --------------------------------------------------------
 
-def shard_signatures(arg: tuple[str, dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SignatureJob:
+    """One shard job of the signature pass: the MinHash signatures and exact hashes of one input
+    shard's documents, with the stage's shingling settings (``minhash_backend`` picks the kernel,
+    which does not change a value, so it is left out of the shard key)."""
+
+    path: str  # the input shard
+    num_perm: int
+    seed: int
+    word_ngram: int  # shingle size in words for spaced scripts
+    char_ngram: int  # shingle size in characters for CJK / Thai-like scripts
+    char_script_ratio: float
+    minhash_backend: str  # auto | numba | numpy
+
+    def shard_key(self, sha256: str) -> str:
+        """The cache key of this job's result for an input shard of that content."""
+        return hash_json(["dedup-sig", VERSION, self.num_perm, self.seed, self.word_ngram, self.char_ngram,
+                          self.char_script_ratio, sha256])
+
+
+@dataclass(frozen=True)
+class SplitJob:
+    """One job of the final pass: split one input shard into kept and rejected files by its decisions."""
+
+    src: str  # the input shard
+    out_root: str  # the stage's output directory
+    name: str  # the shard's file name, the same under shards/ and rejected/
+    status: np.ndarray  # per row: core.KEPT, core.EXACT or core.NEAR
+    keeper_ids: list[str | None]  # per row: the id of the document a duplicate was removed for
+
+
+def shard_signatures(job: SignatureJob, out_dir: Path) -> dict[str, Any]:
     """One input shard -> sig.npy (n x num_perm uint32), exact.npy (uint64), ids.parquet."""
     from llmpipe.curation.dedup.minhash import encode, signatures_encoded
 
-    path, p = arg
     ids: list[str] = []
     hashes: list[int] = []
     sigs: list[np.ndarray] = []
@@ -70,14 +101,13 @@ def shard_signatures(arg: tuple[str, dict[str, Any]], out_dir: Path) -> dict[str
 
     def flush() -> None:
         if batch_texts:
-            enc = encode(batch_texts, batch_langs, char_ratio=p["char_script_ratio"], normalized=True)
-            sigs.append(signatures_encoded(enc, num_perm=p["num_perm"], seed=p["seed"],
-                                           word_ngram=p["word_ngram"], char_ngram=p["char_ngram"],
-                                           backend=p["minhash_backend"]))
+            enc = encode(batch_texts, batch_langs, char_ratio=job.char_script_ratio, normalized=True)
+            sigs.append(signatures_encoded(enc, num_perm=job.num_perm, seed=job.seed, word_ngram=job.word_ngram,
+                                           char_ngram=job.char_ngram, backend=job.minhash_backend))
             batch_texts.clear()
             batch_langs.clear()
 
-    for doc in iter_documents(path):
+    for doc in iter_documents(job.path):
         norm = normalize(doc.text)
         ids.append(doc.id)
         hashes.append(exact_hash(norm))
@@ -87,19 +117,19 @@ def shard_signatures(arg: tuple[str, dict[str, Any]], out_dir: Path) -> dict[str
         if len(batch_texts) >= 2048:
             flush()
     flush()
-    sig = np.concatenate(sigs) if sigs else np.zeros((0, p["num_perm"]), np.uint32)
+    sig = np.concatenate(sigs) if sigs else np.zeros((0, job.num_perm), np.uint32)
     np.save(out_dir / "sig.npy", sig)
     np.save(out_dir / "exact.npy", np.array(hashes, dtype=np.uint64))
     pq.write_table(pa.table({"id": pa.array(ids, pa.string())}), out_dir / "ids.parquet")
     return {"docs": len(ids)}
 
 
-def write_filtered(job: tuple[str, str, str, np.ndarray, list[str | None]]) -> dict[str, int]:
+def write_filtered(job: SplitJob) -> dict[str, int]:
     """Split one input shard into kept / rejected files by its decisions.
 
     A shard that loses no document is the input file itself (a hard link: no bytes written).
     """
-    src, out_root, name, status, keeper_ids = job
+    src, out_root, name, status = job.src, job.out_root, job.name, job.status
     if not (status != core.KEPT).any():
         link_file(Path(src), Path(out_root) / SHARDS / name)
         return {"kept": len(status), "rejected": 0}
@@ -110,7 +140,7 @@ def write_filtered(job: tuple[str, str, str, np.ndarray, list[str | None]]) -> d
             kept.append(doc)
         else:
             doc.metadata["reject_reason"] = core.REASONS[s]
-            doc.metadata["duplicate_of"] = keeper_ids[row]
+            doc.metadata["duplicate_of"] = job.keeper_ids[row]
             rejected.append(doc)
     write_shard(Path(out_root) / SHARDS / name, kept)
     write_shard(Path(out_root) / REJECTED / name, rejected)
@@ -195,7 +225,7 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
 
 # -- the stage ------------------------------------------------------------------------------------------
 
-@stage("dedup", version=VERSION, inputs=("safety",), config_field="dedup", flow="data_refresh",
+@stage("dedup", version=VERSION, inputs=("entities",), config_field="dedup", flow="data_refresh",
        requires=lambda cfg: ("datasketch", "matplotlib", *(("redis",) if cfg.dedup.backend == "redis" else ())),
        extra="curation")
 def run_dedup(ctx: StageContext) -> dict[str, Any]:
@@ -206,7 +236,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     params = _params(cfg)
-    src = ctx.inputs["safety"]
+    src = ctx.inputs["entities"]
     shards = [{"name": s.name, "sha256": s.sha256, "path": str(s.path)} for s in input_shards(src)]
     prev = find_previous(ctx, params, shards)
     n_old = len(prev[1]["shards"]) if prev else 0
@@ -247,11 +277,12 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
 
     # 2. signatures of the new shards, in parallel and cached per shard
     t1 = time.perf_counter()
-    sp = {k: params[k] for k in ("num_perm", "seed", "word_ngram", "char_ngram", "char_script_ratio")}
-    sp["minhash_backend"] = cfg.minhash_backend
     new = shards[n_old:]
-    items = [(hash_json(["dedup-sig", VERSION, sp["num_perm"], sp["seed"], sp["word_ngram"], sp["char_ngram"],
-                         sp["char_script_ratio"], s["sha256"]]), (s["path"], sp)) for s in new]
+    jobs = [SignatureJob(path=s["path"], num_perm=params["num_perm"], seed=params["seed"],
+                         word_ngram=params["word_ngram"], char_ngram=params["char_ngram"],
+                         char_script_ratio=params["char_script_ratio"], minhash_backend=cfg.minhash_backend)
+            for s in new]
+    items = [(job.shard_key(s["sha256"]), job) for job, s in zip(jobs, new, strict=True)]
     sig_dirs = [d for d, _ in ctx.cached_map(shard_signatures, items, desc="signatures")]
     timings["signatures"] = time.perf_counter() - t1
 
@@ -302,7 +333,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
 
     # 5. per-shard decisions + index files, then the filtered outputs
     t4 = time.perf_counter()
-    jobs = []
+    splits = []
     for ps in per_shard:
         n, f0 = ps["n"], ps["first"]
         status = np.zeros(n, np.uint8)
@@ -323,8 +354,8 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
                                  "status": pa.array(status, pa.uint8()), "keeper": pa.array(keeper, pa.int64())}),
                        shard_index / "docs.parquet")
         keeper_ids = [None if status[r] == core.KEPT else ids.get(int(keeper[r])) for r in range(n)]
-        jobs.append((ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
-    ctx.map(write_filtered, jobs)
+        splits.append(SplitJob(ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
+    ctx.map(write_filtered, splits)
     if isinstance(index, DatasketchIndex):
         index.save(index_dir)
         index.close()

@@ -51,7 +51,8 @@ def _docs(tmp: Path) -> list[str]:
 def test_stages_funnels_add_up_and_refresh_touches_only_new_shards(tmp_path: Path) -> None:
     _write_jsonl(tmp_path / "src" / "a.jsonl", _docs(tmp_path))
     runs = {r.stage: r for r in run_pipeline(_config(tmp_path), until="safety")}
-    assert [s for s in runs] == ["ingest", "langid", "quality", "safety"]
+    # coherence and expertise (off: their input passes through) sit between quality and safety
+    assert [s for s in runs] == ["ingest", "langid", "quality", "coherence", "expertise", "safety"]
     prev_kept = runs["ingest"].stats["ingested"]
     for name in ("langid", "quality", "safety"):
         st, out = runs[name].stats, Path(runs[name].path)

@@ -13,7 +13,7 @@ from llmpipe.dag import run_pipeline
 from llmpipe.document import input_shards, read_shard, rejected_paths, shard_paths
 from tests.fixtures.curation_docs import GOOD_EN
 
-CURATION = ("langid", "quality", "safety", "dedup", "augment")
+CURATION = ("langid", "quality", "safety", "entities", "dedup", "augment")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -41,7 +41,7 @@ def _rows(paths: list[Path]) -> int:
 def test_every_curation_stage_writes_the_same_funnel(tmp_path: Path) -> None:
     _corpus(tmp_path)
     runs = {r.stage: r for r in run_pipeline(_config(tmp_path), until="augment")}
-    upstream = {"langid": "ingest", "quality": "langid", "safety": "quality", "dedup": "safety",
+    upstream = {"langid": "ingest", "quality": "langid", "safety": "quality", "entities": "safety", "dedup": "entities",
                 "augment": "dedup"}
     for name in CURATION:
         out = Path(runs[name].path)

@@ -64,6 +64,9 @@ def test_compose_matches_what_the_stage_generated(tmp_path: Path, tiny_checkpoin
         # the default model name of the compose file is the one the stage generates, and triton.env agrees
         default_model = re.search(r"--load-model=\$\{MODEL_NAME:-([\w.-]+)\}", cmd).group(1)
         assert default_model == info["model"] == env["MODEL_NAME"]
+        default_stream = re.search(r"--load-model=\$\{STREAM_MODEL_NAME:-([\w.-]+)\}", cmd).group(1)
+        assert default_stream == info["stream_model"] == env["STREAM_MODEL_NAME"]
+        assert (out / info["repository"] / default_stream / "config.pbtxt").is_file()
         assert (out / info["repository"] / default_model / "config.pbtxt").is_file()
         assert "KIND_GPU" in (out / info["repository"] / default_model / "config.pbtxt").read_text()
         for proto, port in info["ports"].items():

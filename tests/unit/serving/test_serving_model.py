@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmpipe.serving.triton_model import BadRequest, Generator, Limits
+from llmpipe.serving.triton_model import BadRequest, Generator, Limits, TextDeltas
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,34 @@ def test_defaults_and_trim_at_eos(gen: Generator) -> None:
     eos = next(iter(gen.eos_ids))
     assert gen._trim([4, eos, 5, 6], 10) == [4, eos]
     assert gen._trim([4, 5, 6], 2) == [4, 5]
+
+
+def test_streamed_tokens_are_the_batch_answer_in_order(gen: Generator) -> None:
+    reqs = [gen.parse(p.encode(), None, n, 0.0) for p, n in zip(PROMPTS, (12, 3, 8, 1), strict=True)]
+    seen: dict[int, list[int]] = {i: [] for i in range(len(reqs))}
+    last: dict[int, int] = {}
+
+    def on_token(row: int, tok: int, is_last: bool) -> None:
+        assert row not in last, f"request {row} got a token after its last one"
+        seen[row].append(tok)
+        if is_last:
+            last[row] = len(seen[row])
+
+    batch = gen.generate(reqs)
+    assert gen.generate(reqs, on_token) == batch  # the same generate call, handed on step by step
+    assert seen == dict(enumerate(batch))
+    assert last == {i: len(b) for i, b in enumerate(batch)}  # every request closed once, at its end
+
+
+def test_text_deltas_concatenate_to_the_decoded_answer(gen: Generator) -> None:
+    for prompt in PROMPTS:
+        tokens = gen.generate([gen.parse(prompt.encode(), None, 16, 0.0)])[0]
+        deltas = TextDeltas(gen.decode)
+        pieces = [deltas.add(t, i == len(tokens) - 1) for i, t in enumerate(tokens)]
+        assert "".join(pieces) == gen.decode(tokens)
+    # a character split over two byte-level tokens is held back until it is complete
+    ids = gen.tokenizer("é", add_special_tokens=False)["input_ids"]
+    byte_ids = gen.tokenizer.convert_tokens_to_ids(list("".join(gen.tokenizer.convert_ids_to_tokens(ids))))
+    assert len(byte_ids) == 2  # one token per UTF-8 byte (the byte-level alphabet is in the vocabulary)
+    deltas = TextDeltas(gen.decode)
+    assert deltas.add(byte_ids[0], False) == "" and deltas.add(byte_ids[1], True) == "é"

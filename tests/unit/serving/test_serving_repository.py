@@ -49,7 +49,8 @@ def test_vllm_layout(tmp_path: Path, tiny_checkpoint: Path) -> None:
     assert model_json["model"] == "/models/lm/3/checkpoint"
     assert not (vdir / "model.py").exists() and (vdir / "checkpoint" / "config.json").is_file()
     assert model_config_summary(tmp_path / "repo") == {"model": "lm", "version": 3, "backend": "vllm",
-                                                       "response_cache": False}
+                                                       "response_cache": False, "stream_model": None}
+    assert not (tmp_path / "repo" / "lm_stream").exists()  # vLLM's model streams on its own
 
 
 def test_python_layout_copies_checkpoint_and_limits(tmp_path: Path, tiny_checkpoint: Path) -> None:
@@ -61,6 +62,28 @@ def test_python_layout_copies_checkpoint_and_limits(tmp_path: Path, tiny_checkpo
     src = sorted(p.relative_to(tiny_checkpoint) for p in tiny_checkpoint.rglob("*") if p.is_file())
     dst = sorted(p.relative_to(vdir / "checkpoint") for p in (vdir / "checkpoint").rglob("*") if p.is_file())
     assert src == dst
+
+
+def test_streaming_model_beside_the_batch_model(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    cfg = DeployConfig(model_name="lm", response_cache=True)
+    write_model_repository(tiny_checkpoint, tmp_path / "repo", cfg, 2)
+    batch = (tmp_path / "repo" / "lm" / "config.pbtxt").read_text()
+    stream = (tmp_path / "repo" / "lm_stream" / "config.pbtxt").read_text()
+    assert "decoupled" not in batch and "response_cache { enable: true }" in batch
+    # decoupled: one response per token; Triton caches only one-response models
+    assert 'name: "lm_stream"' in stream and "model_transaction_policy { decoupled: true }" in stream
+    assert "response_cache" not in stream and "dynamic_batching" in stream
+    assert stream.replace("lm_stream", "lm").replace("model_transaction_policy { decoupled: true }\n", "") == \
+        batch.replace("response_cache { enable: true }\n", "")  # same tensors, batching, instances
+    for name in ("lm", "lm_stream"):
+        assert (tmp_path / "repo" / name / "2" / "model.py").read_bytes() == \
+            (tmp_path / "repo" / "lm" / "2" / "model.py").read_bytes()
+        assert (tmp_path / "repo" / name / "2" / "checkpoint" / "model.safetensors").samefile(
+            tiny_checkpoint / "model.safetensors")  # linked once more, no bytes copied
+    assert model_config_summary(tmp_path / "repo") == {"model": "lm", "version": 2, "backend": "python",
+                                                       "response_cache": True, "stream_model": "lm_stream"}
+    write_model_repository(tiny_checkpoint, tmp_path / "plain", DeployConfig(model_name="lm", streaming=False), 1)
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["lm"]
 
 
 def test_find_checkpoint(tmp_path: Path) -> None:
@@ -79,6 +102,9 @@ def test_find_checkpoint(tmp_path: Path) -> None:
     ({"default_max_tokens": 300}, "default_max_tokens"),
     ({"max_batch_size": 0}, "greater than or equal to 1"),
     ({"unknown": 1}, "Extra inputs"),
+    ({"slo_figure": "ttft", "streaming": False}, "measured on the streaming model"),
+    ({"load_concurrency": [1, 0]}, "load_concurrency must list levels"),
+    ({"load_concurrency": []}, "load_concurrency must list levels"),
 ])
 def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
@@ -88,6 +114,7 @@ def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
 def test_run_settings_stay_out_of_the_key() -> None:
     key = DeployConfig().key_dict()
     assert "slo_p99_ms" not in key and "load_clients" not in key and "verify" not in key
+    assert "load_concurrency" not in key and "slo_figure" not in key and key["streaming"] is True
     assert key["max_batch_size"] == 32
 
 

@@ -33,24 +33,37 @@ def test_stage_writes_repository_with_the_configured_version(tmp_path: Path, tin
     assert (out / "model_repository" / "lm" / "1" / "checkpoint" / "model.safetensors").is_file()
     info = json.loads((out / "deploy.json").read_text())
     assert info["model"] == "lm" and info["version"] == 1 and info["quantize_key"] == "q-k1"
-    assert (out / "triton.env").read_text() == "MODEL_NAME=lm\nMODEL_VERSION=1\n"
+    assert (out / "triton.env").read_text() == "MODEL_NAME=lm\nSTREAM_MODEL_NAME=lm_stream\nMODEL_VERSION=1\n"
+    assert info["stream_model"] == "lm_stream" and (out / "model_repository" / "lm_stream" / "config.pbtxt").is_file()
     # another deploy into the same store: still the configured version (the store's history is no input)
     assert run_deploy(_ctx(tmp_path, tiny_checkpoint, cfg, "k2"))["version"] == 1
     v2 = DeployConfig(verify=False, model_name="lm", model_version=2)
     assert run_deploy(_ctx(tmp_path, tiny_checkpoint, v2, "k3"))["version"] == 2
     assert (tmp_path / "out-k3" / "model_repository" / "lm" / "2" / "model.py").is_file()
-    assert (tmp_path / "out-k3" / "triton.env").read_text() == "MODEL_NAME=lm\nMODEL_VERSION=2\n"
+    assert (tmp_path / "out-k3" / "triton.env").read_text() == \
+        "MODEL_NAME=lm\nSTREAM_MODEL_NAME=lm_stream\nMODEL_VERSION=2\n"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")
 def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) -> None:
-    cfg = DeployConfig(load_clients=4, load_requests=16, load_max_tokens=4, slo_p99_ms=60_000)
+    cfg = DeployConfig(load_clients=4, load_requests=16, load_max_tokens=4, load_concurrency=[1, 4],
+                       slo_figure="ttft", slo_p99_ms=60_000)
     ctx = _ctx(tmp_path, tiny_checkpoint, cfg, "k1")
     stats = run_deploy(ctx)
     assert stats["verified"] and stats["requests"] == 16 and stats["p99_ms"] > 0
-    assert [s["protocol"] for s in stats["smoke"]] == ["http", "grpc"]
-    assert stats["slo_ok"] and stats["errors"] == 0 and stats["smoke_http_ms"] > 0
+    assert [(s["protocol"], s["stream"]) for s in stats["smoke"]] == [
+        ("http", False), ("grpc", False), ("http", True), ("grpc", True)]
+    assert stats["errors"] == 0 and stats["smoke_http_ms"] > 0 and stats["smoke_stream_grpc_ms"] > 0
+    # the streaming load test per level, and the SLO on the figure the config names
+    levels = stats["stream_levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 4] and all(lv["requests"] == 16 for lv in levels)
+    for lv in levels:
+        assert 0 < lv["ttft_p50_ms"] <= lv["ttft_p90_ms"] <= lv["ttft_p99_ms"] <= lv["e2e_p99_ms"]
+        assert lv["itl_p50_ms"] > 0 and lv["output_tokens_per_s"] > 0 and lv["requests_per_s"] > 0
+    assert stats["slo_figure"] == "ttft" and stats["slo_ok"] and stats["slo_p99_ms"] == 60_000
+    assert stats["slo_worst_p99_ms"] == max(lv["ttft_p99_ms"] for lv in levels)
+    assert "| 4 |" in stats["stream_chart"]
     # measurements live in the stats only, and the server ran on a copy: nothing new in the artifact
     out = tmp_path / "out-k1"
     assert not (out / "latency.json").exists() and not list(out.rglob("__pycache__"))
@@ -59,3 +72,7 @@ def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) 
     assert table.kind == "stats" and set(table.payload) >= {"p50_ms", "p95_ms", "p99_ms", "throughput_rps"}
     rows = {row["metric"]: row["value"] for row in stats_rows(stats, table.payload)}
     assert rows["p99_ms"] == stats["p99_ms"] and json.loads(rows["batch_histogram"]) == stats["batch_histogram"]
+    reports = {r.key: r for r in ctx.reports}
+    assert reports["deploy-streaming"].kind == "stats-table" and reports["deploy-streaming"].payload == "stream_levels"
+    assert reports["deploy-streaming-chart"].kind == "stats-markdown"
+    json.dumps(stats)  # the manifest keeps it as JSON

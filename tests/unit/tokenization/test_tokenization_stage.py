@@ -18,6 +18,7 @@ from llmpipe.tokenization.config import TokenizeConfig
 from llmpipe.tokenization.dataset import IGNORE_INDEX, PackedDataset
 from llmpipe.tokenization.stage import (
     DROPPED,
+    EncodeJob,
     assign_split,
     batch_keys,
     encode_shard,
@@ -259,7 +260,7 @@ def test_encoded_shard_does_not_depend_on_batching(pipeline_dirs, synth, make_ct
         for k, batching in enumerate(({}, {"batch_size": 7, "batch_chars": 300})):
             out = tmp_path / f"enc-{len(extra)}-{k}"
             out.mkdir()
-            st = encode_shard((path, tok, TokenizeConfig(val_fraction=0.3, **extra, **batching), 0, None), out)
+            st = encode_shard(EncodeJob(path, tok, TokenizeConfig(val_fraction=0.3, **extra, **batching)), out)
             outs.append((st, [(f.name, f.read_bytes()) for f in sorted(out.iterdir())]))
         assert outs[0] == outs[1]
         assert outs[0][0]["dropped"].get("child_of_val") and outs[0][0]["docs"] == len(docs)

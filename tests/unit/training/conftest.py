@@ -20,11 +20,18 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tiny_train(**over: Any) -> dict[str, Any]:
-    """A ``train:`` section that runs in a second: tiny model, fp32, lr high enough to learn in 8 steps."""
-    base: dict[str, Any] = dict(max_steps=6, global_batch_size=8, micro_batch_size=2, lr=3e-3, warmup_steps=1,
-                                nproc_per_node=2, checkpoint_every=3, keep_checkpoints=2, timeout_s=900,
-                                threads_per_process=1)
-    base.update(over)
+    """A ``train:`` section that runs in a second: tiny model, fp32, lr high enough to learn in 8 steps.
+
+    A sub-section in ``over`` is merged into the base one: ``launch={"nproc_per_node": 1}`` keeps the
+    other launch settings.
+    """
+    base: dict[str, Any] = dict(max_steps=6, global_batch_size=8, micro_batch_size=2,
+                                optimizer={"lr": 3e-3}, schedule={"warmup_steps": 1},
+                                checkpoint={"every": 3, "keep": 2},
+                                launch={"nproc_per_node": 2, "timeout_s": 900, "threads_per_process": 1})
+    for key, value in over.items():
+        merge = isinstance(value, dict) and isinstance(base.get(key), dict)
+        base[key] = {**base[key], **value} if merge else value
     return base
 
 

@@ -88,8 +88,9 @@ def _kill_and_resume(root: Path, packed: Path, worker_spec, train: dict[str, Any
     """Kill after step 5 (checkpoint at 3), resume, return the loss of steps 1..6 as metrics.jsonl has them."""
     def run(stop_at: int | None) -> None:
         port = free_port()
-        cfgs = [TrainConfig(**dict(train, nodes=nodes, node_rank=r, nproc_per_node=2 // nodes,
-                                   **({"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": "loop"} if nodes > 1 else {})))
+        rdzv = {"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": "loop"} if nodes > 1 else {}
+        cfgs = [TrainConfig(**dict(train, launch={**train["launch"], "nodes": nodes, "node_rank": r,
+                                                  "nproc_per_node": 2 // nodes, **rdzv}))
                 for r in range(nodes)]
 
         def on_metric(rec: dict[str, Any]) -> None:
@@ -100,7 +101,7 @@ def _kill_and_resume(root: Path, packed: Path, worker_spec, train: dict[str, Any
 
         def one(c: TrainConfig) -> None:
             try:
-                launch(c, worker_spec(c, packed, root), root, on_metric=on_metric)
+                launch(c.launch, worker_spec(c, packed, root), root, on_metric=on_metric)
             except BaseException as e:  # noqa: BLE001 - collected for the assertions below
                 errors.append(e)
 
@@ -167,7 +168,7 @@ def test_two_node_loopback_matches_single_node(reference: dict[str, Any], tmp_pa
         root = tmp_path / f"attempt{attempt}"
         root.mkdir()
         try:
-            losses = _kill_and_resume(root, packed, worker_spec, tiny_train(timeout_s=120), nodes=2)
+            losses = _kill_and_resume(root, packed, worker_spec, tiny_train(launch={"timeout_s": 120}), nodes=2)
             break
         except (AssertionError, TrainingError) as e:
             errors.append(e)
@@ -179,8 +180,8 @@ def test_two_node_loopback_matches_single_node(reference: dict[str, Any], tmp_pa
 def test_worker_failure_names_rank_and_timeout(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
     cfg = TrainConfig(**tiny_train())
     with pytest.raises(TrainingError, match=r"training worker rank 1 failed: RuntimeError: injected failure"):
-        launch(cfg, worker_spec(cfg, packed, tmp_path / "a", test_fail_rank=1), tmp_path / "a",
+        launch(cfg.launch, worker_spec(cfg, packed, tmp_path / "a", test_fail_rank=1), tmp_path / "a",
                env={"PYTHONPATH": str(REPO)}, module=faulty_trainer.MODULE)
-    slow = TrainConfig(**tiny_train(timeout_s=2))
-    with pytest.raises(TrainingError, match=r"timed out after 2s \(train\.timeout_s\)"):
-        launch(slow, worker_spec(slow, packed, tmp_path / "b"), tmp_path / "b")
+    slow = TrainConfig(**tiny_train(launch={"timeout_s": 2}))
+    with pytest.raises(TrainingError, match=r"timed out after 2s \(train\.launch\.timeout_s\)"):
+        launch(slow.launch, worker_spec(slow, packed, tmp_path / "b"), tmp_path / "b")

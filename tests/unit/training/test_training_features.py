@@ -30,8 +30,8 @@ def _one_thread() -> Any:
 def _trainer(run_dir: Path, packed: Path, tiny_train: Any, worker_spec: Any, **over: Any) -> Trainer:
     """A set-up world-1 trainer: 2 micro-batches of 2 sequences per step, no checkpoints."""
     assert "RANK" not in os.environ
-    kw: dict[str, Any] = dict(nproc_per_node=1, checkpoint_every=0, global_batch_size=4, micro_batch_size=2,
-                              device="cpu")
+    kw: dict[str, Any] = dict(launch={"nproc_per_node": 1, "device": "cpu"}, checkpoint={"every": 0},
+                              global_batch_size=4, micro_batch_size=2)
     kw.update(over)
     tr = Trainer(worker_spec(TrainConfig(**tiny_train(**kw)), packed, run_dir))
     tr.setup()
@@ -107,8 +107,8 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_trai
     """A ``save_pretrained`` export of a short run (what ``init_from`` points at)."""
     torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("pretrained")
-    tr = Trainer(worker_spec(TrainConfig(**tiny_train(nproc_per_node=1, checkpoint_every=0, max_steps=6,
-                                                      device="cpu")), packed, run))
+    tr = Trainer(worker_spec(TrainConfig(**tiny_train(launch={"nproc_per_node": 1, "device": "cpu"},
+                                                      checkpoint={"every": 0}, max_steps=6)), packed, run))
     tr.run()
     assert (run / "export/model.safetensors").exists()
     return run / "export"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmpipe.config import ConfigError, load_config
-from llmpipe.training.config import TrainConfig
+from llmpipe.training.config import LaunchConfig, TrainConfig
 from llmpipe.training.data import GlobalOrder, open_packed
 from llmpipe.training.engines import deepspeed_config
 from llmpipe.training.launch import TrainingError, build_command
@@ -32,8 +32,38 @@ def test_micro_batch_must_divide_global_batch() -> None:
         load_config(data={"train": {"global_batch_size": 10, "micro_batch_size": 4}})
 
 
+def test_each_check_names_its_sub_section() -> None:
+    """A check sits in the section that holds its fields, so the error line names that section."""
+    cases = [
+        ({"launch": {"nodes": 2, "node_rank": 2, "rdzv_endpoint": "h0:1"}},
+         r"train\.launch: node_rank must be < nodes \(2\), got 2"),
+        ({"launch": {"nodes": 2}}, r"train\.launch: nodes > 1 needs rdzv_endpoint \(torchrun\) or hostfile"),
+        ({"launch": {"launcher": "deepspeed"}},
+         r"train: launch\.launcher 'deepspeed' needs strategy 'deepspeed', got 'ddp'"),
+        ({"optimizer": {"betas": [0.9, 1.0]}}, r"train\.optimizer\.betas: each beta must be in \[0, 1\)"),
+        ({"schedule": {"kind": "linear"}}, r"train\.schedule\.kind: Input should be 'cosine'"),
+        ({"checkpoint": {"keep": 0}}, r"train\.checkpoint\.keep: Input should be greater than 0"),
+    ]
+    for train, line in cases:
+        with pytest.raises(ConfigError, match=rf"^<config>: {line}"):
+            load_config(data={"train": train})
+
+
+def test_checkpoint_and_launch_stay_out_of_the_key() -> None:
+    """How the run is carried out (cadence, topology, timeouts) never changes the stage key; the
+    optimizer, schedule and guards do."""
+    base = TrainConfig().key_dict()
+    run = TrainConfig(log_every=5, checkpoint={"every": 0, "keep": 5, "dir": "elsewhere", "resume": False},
+                      launch={"nodes": 2, "node_rank": 1, "nproc_per_node": 8, "rdzv_endpoint": "h0:29400",
+                              "device": "cuda", "timeout_s": 10, "threads_per_process": 3})
+    assert run.key_dict() == base and base["checkpoint"] == base["launch"] == {}
+    for section, value in (("optimizer", {"eps": 1e-6}), ("schedule", {"kind": "constant"}),
+                           ("guards", {"spike_factor": 4})):
+        assert TrainConfig(**{section: value}).key_dict() != base, section
+
+
 def test_plan_rejects_world_size_mismatch(packed: Path, tiny_train) -> None:
-    cfg = TrainConfig(**tiny_train(global_batch_size=6, micro_batch_size=2, nproc_per_node=2))
+    cfg = TrainConfig(**tiny_train(global_batch_size=6, micro_batch_size=2, launch={"nproc_per_node": 2}))
     with pytest.raises(TrainingError, match=r"^train\.global_batch_size: .*\(2 x 2 = 4\), got 6"):
         plan(cfg, packed, 128)
 
@@ -47,20 +77,22 @@ def test_plan_rejects_long_sequences_and_missing_shards(packed: Path, tmp_path: 
     with pytest.raises(TrainingError, match=r"^train\.split: missing shards"):
         plan(TrainConfig(**tiny_train()), tmp_path, 128)
     with pytest.raises(TrainingError, match=r"^train\.precision"):
-        plan(TrainConfig(**tiny_train(precision="fp16", device="cpu")), packed, 128)
+        plan(TrainConfig(**tiny_train(precision="fp16", launch={"device": "cpu"})), packed, 128)
     ok = plan(TrainConfig(**tiny_train()), packed, 128)
     assert ok["accumulation"] == 2 and ok["seq_len"] == 32 and ok["sequences"] == 64
 
 
 def test_schedule_warmup_cosine_and_restarts() -> None:
-    cfg = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4, max_steps=104)
+    sched = {"min_lr_ratio": 0.1, "warmup_steps": 4}
+    cfg = TrainConfig(optimizer={"lr": 1.0}, schedule=sched, max_steps=104)
     assert [lr_at(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_at(4, cfg) == pytest.approx(1.0)
     assert lr_at(54, cfg) == pytest.approx(0.55)
     assert lr_at(104, cfg) == pytest.approx(0.1)
     lrs = [lr_at(s, cfg) for s in range(4, 104)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
-    r = cfg.model_copy(update={"schedule": "cosine_restarts", "restart_period": 10})
+    r = TrainConfig(optimizer={"lr": 1.0}, schedule={**sched, "kind": "cosine_restarts", "restart_period": 10},
+                    max_steps=104)
     assert lr_at(4, r) == pytest.approx(1.0) and lr_at(14, r) == pytest.approx(1.0)
     assert lr_at(13, r) < 0.2
 
@@ -89,26 +121,26 @@ def test_packed_reader(packed: Path) -> None:
 
 def test_commands_single_multi_node_and_deepspeed(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
-    single = build_command(TrainConfig(nproc_per_node=3, master_port=29511), spec, tmp_path, python="py")
+    single = build_command(LaunchConfig(nproc_per_node=3, master_port=29511), spec, tmp_path, python="py")
     assert single[:3] == ["py", "-m", "torch.distributed.run"]
     assert ["--nproc_per_node", "3"] == single[3:5] and "127.0.0.1:29511" in single
     assert single[-4:] == ["llmpipe.training.trainer", "--config", str(spec)][-3:] or single[-3:]
-    multi = build_command(TrainConfig(nodes=2, node_rank=1, nproc_per_node=8, rdzv_endpoint="node0:29400",
-                                      rdzv_id="job7"), spec, tmp_path, python="py")
+    multi = build_command(LaunchConfig(nodes=2, node_rank=1, nproc_per_node=8, rdzv_endpoint="node0:29400",
+                                       rdzv_id="job7"), spec, tmp_path, python="py")
     joined = " ".join(multi)
     assert "--nnodes 2 --node_rank 1" in joined and "--rdzv_endpoint node0:29400" in joined
     assert "--rdzv_id job7" in joined and "--rdzv_backend c10d" in joined
-    ds = build_command(TrainConfig(strategy="deepspeed", launcher="deepspeed", nodes=2, hostfile="hosts"),
-                       spec, tmp_path, python="py")
+    ds_cfg = TrainConfig(strategy="deepspeed", launch={"launcher": "deepspeed", "nodes": 2, "hostfile": "hosts"})
+    ds = build_command(ds_cfg.launch, spec, tmp_path, python="py")
     assert ds[:3] == ["py", "-m", "deepspeed.launcher.runner"]
     assert "--hostfile hosts --num_nodes 2" in " ".join(ds) and ds[-2:] == ["--config", str(spec)]
     with pytest.raises(ValueError, match="rdzv_endpoint"):
-        TrainConfig(nodes=2)
+        LaunchConfig(nodes=2)
 
 
 def test_deepspeed_config_from_file_fills_batch_and_optimizer() -> None:
     cfg = TrainConfig(strategy="deepspeed", deepspeed=str(REPO / "configs/deepspeed/zero2_offload.json"),
-                      global_batch_size=16, micro_batch_size=2, lr=1e-3, grad_clip=0.5)
+                      global_batch_size=16, micro_batch_size=2, optimizer={"lr": 1e-3, "grad_clip": 0.5})
     ds = deepspeed_config(cfg, world=2)
     assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 4
     assert ds["zero_optimization"]["stage"] == 2
@@ -128,7 +160,7 @@ def _single(tmp_path: Path, packed: Path, worker_spec, cfg: TrainConfig, **extra
 def test_single_process_trains_and_guards_nan(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
     """In-process (world 1): loss falls; an injected NaN step is skipped and counted, weights untouched."""
     torch.set_num_threads(1)
-    cfg = TrainConfig(**tiny_train(max_steps=8, nproc_per_node=1, checkpoint_every=0))
+    cfg = TrainConfig(**tiny_train(max_steps=8, launch={"nproc_per_node": 1}, checkpoint={"every": 0}))
     tr = _single(tmp_path / "a", packed, worker_spec, cfg, test_nan_steps=[4])
     summary = tr.run()
     recs = [json.loads(x) for x in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
@@ -141,9 +173,9 @@ def test_single_process_trains_and_guards_nan(tmp_path: Path, packed: Path, tiny
 
 
 def test_abort_after_consecutive_nonfinite(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
-    cfg = TrainConfig(**tiny_train(max_steps=8, nproc_per_node=1, checkpoint_every=0,
-                                   max_consecutive_nonfinite=2))
+    cfg = TrainConfig(**tiny_train(max_steps=8, launch={"nproc_per_node": 1}, checkpoint={"every": 0},
+                                   guards={"max_consecutive_nonfinite": 2}))
     tr = _single(tmp_path, packed, worker_spec, cfg, test_nan_steps=[2, 3, 4])
     with pytest.raises(RuntimeError, match=r"non-finite for 2 steps in a row \(steps 3\.\.4; "
-                                            r"train\.max_consecutive_nonfinite=2\)"):
+                                            r"train\.guards\.max_consecutive_nonfinite=2\)"):
         tr.run()

@@ -138,9 +138,9 @@ def _sha(p: Path) -> str:
 
 
 def test_stage_off_passes_shards_through(tmp_path: Path, make_ctx) -> None:
-    src = tmp_path / "dedup"
+    src = tmp_path / "timeliness"
     write_shard(src / "shards" / "part-0.parquet", _docs())
-    ctx = make_ctx("augment", AugmentConfig(), {"dedup": src}, tmp_path / "out")
+    ctx = make_ctx("augment", AugmentConfig(), {"timeliness": src}, tmp_path / "out")
     stats = run_augment(ctx)
     assert stats["enabled"] is False and stats["docs_out"] == 6
     assert _sha(ctx.out / "shards" / "part-0.parquet") == _sha(src / "shards" / "part-0.parquet")
@@ -150,11 +150,11 @@ def test_stage_off_passes_shards_through(tmp_path: Path, make_ctx) -> None:
 
 
 def test_stage_on_writes_originals_and_children_and_caches_shards(tmp_path: Path, make_ctx) -> None:
-    src = tmp_path / "dedup"
+    src = tmp_path / "timeliness"
     write_shard(src / "shards" / "part-0.parquet", _docs()[:3])
     write_shard(src / "shards" / "part-1.parquet", _docs()[3:])
     cfg = _cfg({"type": "synonym", "fraction": 1.0}, {"type": "restructure", "fraction": 0.5})
-    ctx = make_ctx("augment", cfg, {"dedup": src}, tmp_path / "out1", workers=2)
+    ctx = make_ctx("augment", cfg, {"timeliness": src}, tmp_path / "out1", workers=2)
     stats = run_augment(ctx)
     docs = read_shard(ctx.out / "shards" / "part-0.parquet") + read_shard(ctx.out / "shards" / "part-1.parquet")
     children = [d for d in docs if "parent_id" in d.metadata]
@@ -163,15 +163,15 @@ def test_stage_on_writes_originals_and_children_and_caches_shards(tmp_path: Path
     assert len({d.id for d in docs}) == len(docs)
     assert ctx.reports and ctx.reports[0].key == "augment-operators"
     # second run: every shard from the cache, identical bytes
-    ctx2 = make_ctx("augment", cfg, {"dedup": src}, tmp_path / "out2")
+    ctx2 = make_ctx("augment", cfg, {"timeliness": src}, tmp_path / "out2")
     run_augment(ctx2)
     for name in ("part-0.parquet", "part-1.parquet"):
         assert _sha(ctx2.out / "shards" / name) == _sha(ctx.out / "shards" / name)
 
 
 def test_stage_missing_model_names_the_config_key(tmp_path: Path, make_ctx) -> None:
-    src = tmp_path / "dedup"
+    src = tmp_path / "timeliness"
     write_shard(src / "shards" / "part-0.parquet", _docs())
     cfg = _cfg({"type": "contextual", "model": str(tmp_path / "nope")})
     with pytest.raises(FileNotFoundError, match=r"augment\.operators\[0\]\.model"):
-        run_augment(make_ctx("augment", cfg, {"dedup": src}, tmp_path / "out"))
+        run_augment(make_ctx("augment", cfg, {"timeliness": src}, tmp_path / "out"))

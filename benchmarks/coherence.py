@@ -1,0 +1,74 @@
+"""Coherence stage docs/s with the KenLM scorer ÷ ``kenlm.Model.score`` in a plain loop; our own model's docs/s.
+
+Both sides score the same documents with the same model and the same CCNet normalization and word
+split (:func:`llmpipe.curation.coherence.kenlm_perplexity` is the loop's body): the ratio is what the
+stage adds around the model (reading and writing shards, per-shard caching, the run-wide buckets,
+the funnel). The model is a 3-gram ARPA estimated from a reference sample of the test grammar
+(outside the timing), given to the stage by path. Both are timed in CPU seconds of this process
+(the stage runs in it with one worker), so other jobs on a shared machine do not skew the ratio;
+``--workers 2`` times wall seconds instead. Also printed: the stage with our own small causal
+LM (``scorer: model``, a tiny Llama trained for a few seconds) on CPU.
+
+    python benchmarks/coherence.py [--docs 6000] [--model-docs 600] [--workers 1]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from benchmarks._common import result  # noqa: E402
+from llmpipe.curation.coherence import build_reference_model, kenlm_perplexity, load_kenlm  # noqa: E402
+from llmpipe.curation.dimensions_config import CoherenceConfig  # noqa: E402
+from llmpipe.executor import LocalExecutor  # noqa: E402
+from tests.fixtures.quality_corpus import documents, labelled_corpus, run_stage, train_tiny_lm  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=6000, help="documents per language and side (en, de, zh)")
+    ap.add_argument("--model-docs", type=int, default=600, help="documents for the own-model scorer")
+    ap.add_argument("--workers", type=int, default=1, help="shard workers of the stage (the loop has one)")
+    a = ap.parse_args()
+    clock = time.process_time if a.workers == 1 else time.perf_counter
+    langs = ("en", "de", "zh")
+    root = Path(tempfile.mkdtemp(prefix="llmpipe-bench-coherence-"))
+    models = {lang: str(build_reference_model(documents(lang, 300, seed=1), lang, root / f"{lang}.arpa", 3))
+              for lang in langs}
+    n_nat = a.docs * 2 // 3
+    docs = [d for lang in langs for d in labelled_corpus(lang, n_nat, (a.docs - n_nat) // 3)]
+    for d in docs[:: max(1, len(docs) // 30)]:  # both sides start with the models and segmenters loaded
+        kenlm_perplexity(load_kenlm(models[d.metadata["lang"]]), d.text, d.metadata["lang"])
+    t0 = clock()
+    for d in docs:
+        lang = d.metadata["lang"]
+        kenlm_perplexity(load_kenlm(models[lang]), d.text, lang)
+    loop = len(docs) / (clock() - t0)
+    cfg = CoherenceConfig(enabled=True, kenlm_models=models)
+    run_stage("coherence", cfg, docs[:30], root / "warm")  # imports (pyarrow, matplotlib) outside the timing
+    t0 = clock()
+    stats, _ = run_stage("coherence", cfg, docs, root / "stage", shards=max(2, a.workers),
+                         executor=LocalExecutor(a.workers))
+    stage = len(docs) / (clock() - t0)
+    print(f"{len(docs)} documents ({', '.join(langs)}; a third corrupted): kenlm.Model.score loop "
+          f"{loop:,.0f} docs/s, coherence stage {stage:,.0f} docs/s ({a.workers} worker(s), "
+          f"{'CPU' if a.workers == 1 else 'wall'} seconds); "
+          f"rejected {stats['rejected']}")
+    ckpt = train_tiny_lm(root / "lm")
+    few = [d for lang in langs for d in labelled_corpus(lang, a.model_docs * 2 // 9, a.model_docs // 9)]
+    t0 = clock()
+    run_stage("coherence", CoherenceConfig(enabled=True, scorer="model", model=str(ckpt)), few, root / "model",
+              shards=max(2, a.workers), executor=LocalExecutor(a.workers))
+    print(f"own model (tiny Llama, CPU): {len(few) / (clock() - t0):,.1f} docs/s on {len(few)} documents")
+    result("coherence_stage_vs_kenlm_loop", stage / loop, ">=", 0.9)
+
+
+if __name__ == "__main__":
+    main()

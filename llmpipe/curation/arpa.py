@@ -1,0 +1,111 @@
+"""Write an n-gram language model in the ARPA format from token sentences, without KenLM's tools.
+
+The ``kenlm`` Python package reads ARPA (and KenLM binary) models but ships no estimator
+(``lmplz``), so the coherence stage builds a model from a reference set itself: interpolated
+Kneser-Ney with one absolute discount per order. The highest order uses raw counts, lower orders
+continuation counts (the number of distinct words seen before an n-gram; n-grams that start with
+``<s>`` keep raw counts, having no left context), and the unigram distribution is interpolated with
+a uniform one over the vocabulary and ``<unk>``. In ARPA form a seen n-gram carries its interpolated
+probability and each context the weight that interpolation gave to the order below, so KenLM's
+backoff rule (``p(w|h) = b(h) p(w|h')`` for unseen ``hw``) reproduces the interpolated model exactly
+and every conditional distribution sums to one. The output is sorted, so the same sentences give
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+
+
+def _counts(sentences: Iterable[Sequence[str]], order: int) -> list[Counter[tuple[str, ...]]]:
+    counts: list[Counter[tuple[str, ...]]] = [Counter() for _ in range(order + 1)]
+    for sent in sentences:
+        toks = [BOS, *(t for t in sent if t not in (BOS, EOS, UNK)), EOS]
+        for n in range(1, order + 1):
+            for i in range(len(toks) - n + 1):
+                counts[n][tuple(toks[i:i + n])] += 1
+    return counts
+
+
+def _adjusted(counts: list[Counter[tuple[str, ...]]], order: int) -> list[Counter[tuple[str, ...]]]:
+    """Kneser-Ney counts: raw at the top order and for n-grams starting with <s>, continuation below."""
+    adj: list[Counter[tuple[str, ...]]] = [Counter() for _ in range(order + 1)]
+    adj[order] = Counter(counts[order])
+    for n in range(1, order):
+        for g in counts[n + 1]:
+            adj[n][g[1:]] += 1
+        for g, c in counts[n].items():
+            if g[0] == BOS:
+                adj[n][g] = c
+    adj[1].pop((BOS,), None)
+    return adj
+
+
+def kneser_ney(sentences: Iterable[Sequence[str]], order: int = 3, discount: float = 0.75
+               ) -> tuple[list[dict[tuple[str, ...], float]], list[dict[tuple[str, ...], float]]]:
+    """(probabilities, backoff weights) per order (index 1..order), both as plain probabilities."""
+    if order < 1:
+        raise ValueError(f"n-gram order must be >= 1, got {order}")
+    if not 0 < discount < 1:
+        raise ValueError(f"discount must be in (0, 1), got {discount}")
+    adj = _adjusted(_counts(sentences, order), order)
+    if not adj[1]:
+        raise ValueError("no tokens to estimate a language model from")
+    tot: list[dict[tuple[str, ...], int]] = [{} for _ in range(order + 1)]
+    types: list[dict[tuple[str, ...], int]] = [{} for _ in range(order + 1)]
+    for n in range(1, order + 1):
+        t, k = defaultdict(int), defaultdict(int)
+        for g, c in adj[n].items():
+            t[g[:-1]] += c
+            k[g[:-1]] += 1
+        tot[n], types[n] = dict(t), dict(k)
+    prob: list[dict[tuple[str, ...], float]] = [{} for _ in range(order + 1)]
+    vocab = sorted({g[0] for g in adj[1]})
+    uniform = 1.0 / (len(vocab) + 1)  # + <unk>
+    gamma0 = discount * types[1][()] / tot[1][()]
+    for w in vocab:
+        prob[1][(w,)] = max(adj[1][(w,)] - discount, 0.0) / tot[1][()] + gamma0 * uniform
+    prob[1][(UNK,)] = gamma0 * uniform
+    for n in range(2, order + 1):
+        for g in sorted(adj[n]):
+            h = g[:-1]
+            gamma = discount * types[n][h] / tot[n][h]
+            prob[n][g] = max(adj[n][g] - discount, 0.0) / tot[n][h] + gamma * prob[n - 1][g[1:]]
+    backoff: list[dict[tuple[str, ...], float]] = [{} for _ in range(order + 1)]
+    for n in range(1, order):
+        for h, t in tot[n + 1].items():
+            backoff[n][h] = discount * types[n + 1][h] / t
+    return prob, backoff
+
+
+def write_arpa(sentences: Iterable[Sequence[str]], path: str | Path, order: int = 3,
+               discount: float = 0.75) -> Path:
+    """Estimate an interpolated Kneser-Ney model of ``order`` from token sentences; write it as ARPA."""
+    prob, backoff = kneser_ney(sentences, order, discount)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows_per_order = []
+    for n in range(1, order + 1):
+        rows = dict(prob[n])
+        if n == 1:
+            rows[(BOS,)] = 0.0  # <s> is never predicted: log10 p = -99 by convention
+        rows_per_order.append(sorted(rows.items()))
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write("\n\\data\\\n")
+        for n, rows in enumerate(rows_per_order, 1):
+            f.write(f"ngram {n}={len(rows)}\n")
+        for n, rows in enumerate(rows_per_order, 1):
+            f.write(f"\n\\{n}-grams:\n")
+            for g, p in rows:
+                lp = -99.0 if p <= 0.0 else math.log10(p)
+                line = f"{lp:.7f}\t{' '.join(g)}"
+                if n < order and g in backoff[n]:
+                    line += f"\t{math.log10(backoff[n][g]):.7f}"
+                f.write(line + "\n")
+        f.write("\n\\end\\\n")
+    return path

@@ -1,0 +1,214 @@
+"""Coherence: how fluent a document reads, as its perplexity under a reference language model.
+
+Two scorers, one per-document score where higher means less fluent:
+
+* ``kenlm`` (CCNet / RedPajama / Dolma): an n-gram model per language, by path (``.arpa`` or a
+  KenLM binary) or estimated in the stage from a reference set (:mod:`llmpipe.curation.arpa`; the
+  ARPA files are part of the artifact). Text is normalized as CCNet does (lowercase, digits to 0),
+  split into words (CJK runs segmented, :func:`llmpipe.curation.text.words_of`) or into
+  SentencePiece pieces when a language names a SentencePiece model (as CCNet's models expect); each
+  line is scored as a sentence and the document's perplexity is ``10 ** (-sum log10 p / tokens)``,
+  ``</s>`` counted as a token. Score: ``perplexity``.
+* ``model``: a causal LM of our own (a pretrain or quantize artifact of this store, named
+  ``store:<stage>/<key>``, or any ``save_pretrained`` checkpoint folder), scored with the evaluation
+  code (:func:`llmpipe.evaluation.metrics.score_batch`): the document's bits per byte, which does
+  not depend on the tokenizer. Score: ``bits_per_byte``. This closes the loop data -> model -> data.
+
+The decide step applies an absolute ``max_score`` per language, or CCNet's buckets: per language,
+the documents at or under the ``buckets[0]`` percentile of the run's scores are ``head``, those over
+``buckets[1]`` are ``tail``, the rest ``middle``; ``keep`` names the buckets kept per language.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from llmpipe.curation.arpa import write_arpa
+from llmpipe.curation.scored import Decision
+from llmpipe.document import iter_documents
+from llmpipe.lazy import lazy_import
+
+np = lazy_import("numpy")
+_DIGIT = re.compile(r"\d")
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
+
+
+def normalize(text: str) -> str:
+    """CCNet's normalization before its KenLM models: lowercase, every digit a 0."""
+    return _DIGIT.sub("0", text.lower())
+
+
+def tokenize(line: str, lang: str, sp_model: str | None = None) -> list[str]:
+    """The tokens a KenLM model of ``lang`` sees for one normalized line."""
+    if sp_model:
+        return list(_sentencepiece(sp_model).encode(line, out_type=str))
+    from llmpipe.curation.text import words_of
+
+    return [w for w in words_of(line, lang) if not w.isspace()]
+
+
+@lru_cache(maxsize=8)
+def _sentencepiece(path: str) -> Any:
+    import sentencepiece
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"coherence.sentencepiece: no model file at {path}")
+    return sentencepiece.SentencePieceProcessor(model_file=path)
+
+
+def sentences_of(text: str) -> list[str]:
+    """Lines, and sentences inside long lines: the units a KenLM model was trained on."""
+    out = []
+    for line in text.splitlines():
+        out.extend(s for s in _SENTENCE_END.split(line.strip()) if s.strip())
+    return out
+
+
+def build_reference_model(texts: Sequence[str], lang: str, path: Path, order: int,
+                          sp_model: str | None = None) -> Path:
+    """Estimate the ARPA model of ``lang`` from reference documents (the stage's in-artifact model)."""
+    sents = [tokenize(normalize(s), lang, sp_model) for t in texts for s in sentences_of(t)]
+    sents = [s for s in sents if s]
+    if not sents:
+        raise ValueError(f"coherence.reference.{lang}: the reference documents hold no words")
+    return write_arpa(sents, path, order=order)
+
+
+@lru_cache(maxsize=16)
+def load_kenlm(path: str) -> Any:
+    """A ``kenlm.Model`` (cached per process: each shard worker loads a model once)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"coherence.kenlm_models: no model file at {path}")
+    import kenlm
+
+    config = kenlm.Config()
+    config.show_progress = False  # its progress bar goes to stderr, in every shard worker
+    return kenlm.Model(path, config)
+
+
+def kenlm_perplexity(model: Any, text: str, lang: str, sp_model: str | None = None) -> tuple[float | None, int]:
+    """(perplexity, tokens scored incl. one </s> per sentence); (None, 0) for a text with no words."""
+    log10, n = 0.0, 0
+    for sent in sentences_of(text):
+        toks = tokenize(normalize(sent), lang, sp_model)
+        if not toks:
+            continue
+        log10 += model.score(" ".join(toks), bos=True, eos=True)
+        n += len(toks) + 1
+    return (10.0 ** (-log10 / n), n) if n else (None, 0)
+
+
+def score_kenlm_shard(shard: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per document: ``{"lang", "perplexity", "tokens"}`` (perplexity None: no model or no words)."""
+    models, sp, default_lang = payload["models"], payload["sentencepiece"], payload["default_lang"]
+    out = []
+    for doc in iter_documents(shard):
+        lang = _lang(doc.metadata, default_lang)
+        path = models.get(lang)
+        ppl, n = (None, 0) if path is None else kenlm_perplexity(load_kenlm(path), doc.text, lang, sp.get(lang))
+        out.append({"lang": lang, "perplexity": None if ppl is None else round(ppl, 4), "tokens": n})
+    return out
+
+
+# -- our own model ------------------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def _own_model(ckpt: str, device: str) -> tuple[Any, Any, Any]:
+    from llmpipe.evaluation.metrics import token_byte_lengths
+    from llmpipe.evaluation.model_io import load_model, load_tokenizer, resolve_device
+
+    tok = load_tokenizer(Path(ckpt))
+    model = load_model(Path(ckpt), resolve_device(device))
+    byte_len = token_byte_lengths(tok)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if len(byte_len) < vocab:
+        byte_len = np.concatenate([byte_len, np.zeros(vocab - len(byte_len), dtype=np.int64)])
+    return model, tok, byte_len
+
+
+def model_bits_per_byte(ckpt: str, texts: Sequence[str], device: str = "cpu", max_tokens: int = 1024,
+                        batch_size: int = 8) -> list[tuple[float | None, int]]:
+    """(bits per byte, bytes scored) per text under a causal LM checkpoint, via the evaluation code.
+
+    Each text starts after the model's BOS (or end-of-text) token, so its first token is scored too;
+    texts longer than ``max_tokens`` tokens (or than the model has positions) are scored on their first ones.
+    """
+    import torch
+
+    from llmpipe.evaluation.metrics import LN2, score_batch
+
+    model, tok, byte_len = _own_model(ckpt, device)
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    positions = getattr(model.config, "max_position_embeddings", None)
+    limit = min(max_tokens, positions - 1) if positions else max_tokens  # the start token takes a position
+    seqs = [np.asarray([start, *tok(t, add_special_tokens=False).input_ids[:limit]], dtype=np.int64)
+            for t in texts]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths batch together
+    out: list[tuple[float | None, int]] = [(None, 0)] * len(seqs)
+    # one thread: float sums do not depend on the machine's core count (same key, same bytes), and
+    # the shard workers are the parallelism
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            cols = score_batch(model, [seqs[j] for j in idx], tok.pad_token_id, byte_len)
+            for j, c in zip(idx, cols, strict=True):
+                sel = c["scored"]
+                nbytes = int(c["bytes"][sel].sum())
+                out[j] = (float(c["nll"][sel].sum()) / (LN2 * nbytes), nbytes) if nbytes else (None, 0)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def score_model_shard(shard: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per document: ``{"lang", "bits_per_byte", "bytes"}`` under our own model."""
+    docs = list(iter_documents(shard))
+    scores = model_bits_per_byte(payload["checkpoint"], [d.text for d in docs], payload["device"],
+                                 payload["max_tokens"], payload["batch_size"])
+    return [{"lang": _lang(d.metadata, payload["default_lang"]),
+             "bits_per_byte": None if b is None else round(b, 6), "bytes": n}
+            for d, (b, n) in zip(docs, scores, strict=True)]
+
+
+def _lang(meta: dict[str, Any], default: str) -> str:
+    lang = meta.get("lang")
+    return lang if isinstance(lang, str) and lang else default
+
+
+# -- decide ---------------------------------------------------------------------------------------------
+def decide(scores: list[list[dict[str, Any]]], metric: str, cfg: Any
+           ) -> tuple[list[list[Decision]], dict[str, tuple[float, float]]]:
+    """Buckets or thresholds per language, from the stored scores only (re-appliable without the model);
+    also the two cuts per language (the scores at the ``buckets`` percentiles of this run)."""
+    by_lang: dict[str, list[float]] = {}
+    for shard in scores:
+        for s in shard:
+            if s[metric] is not None:
+                by_lang.setdefault(s["lang"], []).append(s[metric])
+    cuts = {lang: tuple(float(x) for x in np.percentile(np.asarray(v, dtype=np.float64), cfg.buckets))
+            for lang, v in by_lang.items()}
+    return [[_decide_one(s, metric, cfg, cuts) for s in shard] for shard in scores], cuts
+
+
+def bucket_of(value: float, cuts: tuple[float, float]) -> str:
+    """CCNet's bucket: head at or under the first cut, tail over the second, middle between."""
+    return "head" if value <= cuts[0] else "tail" if value > cuts[1] else "middle"
+
+
+def _decide_one(s: dict[str, Any], metric: str, cfg: Any, cuts: dict[str, tuple[float, float]]) -> Decision:
+    value, lang = s[metric], s["lang"]
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return Decision(None if cfg.unscored == "keep" else "coherence_unscored", scores={"bucket": None})
+    bucket = bucket_of(value, cuts[lang])
+    extra = {"bucket": bucket}
+    if cfg.rule == "threshold":
+        limit = cfg.max_score.get(lang, cfg.default_max_score)
+        return Decision(None if limit is None or value <= limit else "low_coherence", scores=extra)
+    keep = cfg.keep.get(lang, cfg.default_keep)
+    return Decision(None if bucket in keep else f"coherence_{bucket}", scores=extra)

@@ -1,0 +1,355 @@
+"""The quality-dimension stages: ``coherence``, ``expertise``, ``diversity``, ``timeliness``.
+
+The seeds' five dimensions, each on the common step shape (:mod:`llmpipe.curation.scored`: score
+per shard, decide over the run, write kept and rejected with the scores, one funnel). Safety, the
+fifth, is the ``safety`` filter stage (blocklists, PII). In the DAG::
+
+    quality -> coherence -> expertise -> safety -> dedup -> diversity -> timeliness -> augment
+
+Each is off unless its section says ``enabled: true``; off, it passes its input through (hard
+links), so switching one on or off changes only the keys from it downstream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from llmpipe.curation.dimensions_config import (
+    CoherenceConfig,
+    DiversityConfig,
+    ExpertiseConfig,
+    TimelinessConfig,
+)
+from llmpipe.curation.scored import (
+    Decision,
+    pass_through,
+    reference_texts,
+    resolve_path,
+    score_shards,
+    stage_stats,
+    write_decisions,
+)
+from llmpipe.document import InputShard, input_shards, iter_documents
+from llmpipe.lazy import lazy_import
+from llmpipe.stage import StageContext, stage
+from llmpipe.store import hash_json, sha256_file
+
+np = lazy_import("numpy")
+pq = lazy_import("pyarrow.parquet")
+VERSION = "1"
+CURATION_TEXT = ("regex", "rjieba", "sudachipy", "sudachidict_core", "matplotlib")  # words_of + the funnel chart
+MODELS = "models"  # coherence: the ARPA models estimated from the reference sets, <lang>.arpa
+EXPERTISE_MODEL = "model/expertise.bin"  # expertise: the classifier trained in the stage
+CLUSTERS_JSON, CLUSTERS_PNG = "clusters.json", "clusters.png"  # diversity
+YEARS_JSON, YEARS_PNG = "years.json", "years.png"  # timeliness
+
+
+def _cfg(ctx: StageContext, cls: type) -> Any:
+    return ctx.config if ctx.config is not None else cls()
+
+
+# -- coherence ------------------------------------------------------------------------------------------
+def _coherence_requires(pipeline: Any) -> tuple[str, ...]:
+    cfg = pipeline.coherence
+    if not cfg.enabled:
+        return ("matplotlib",)
+    mods = ("torch", "transformers") if cfg.scorer == "model" else ("kenlm",)
+    return (*CURATION_TEXT, *mods, *(("sentencepiece",) if cfg.sentencepiece else ()))
+
+
+def resolve_model(ctx: StageContext, ref: str) -> Path:
+    """``store:<stage>/<key>`` (an artifact of this store) or a path -> the checkpoint folder."""
+    from llmpipe.evaluation.model_io import HF_CONFIG, find_checkpoint
+
+    if ref.startswith("store:"):
+        found = ctx.store.find(ref[len("store:"):]) if ctx.store is not None else None
+        art = ctx.store.get(*found) if found else None
+        if art is None:
+            raise FileNotFoundError(f"coherence.model: {ref}: no such artifact in the store (or a key prefix "
+                                    "that is not unique)")
+        return find_checkpoint(art.path)
+    p = resolve_path(ctx, ref)
+    if (p / HF_CONFIG).is_file():
+        return p
+    return find_checkpoint(p)
+
+
+def _kenlm_payload(ctx: StageContext, cfg: CoherenceConfig) -> tuple[dict[str, Any], Any]:
+    """(payload, score key): model paths per language, the reference models estimated into the artifact."""
+    from llmpipe.curation.coherence import build_reference_model
+
+    sp = {lang: str(resolve_path(ctx, p)) for lang, p in cfg.sentencepiece.items()}
+    models = {lang: str(resolve_path(ctx, p)) for lang, p in cfg.kenlm_models.items()}
+    for lang, p in models.items():
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"coherence.kenlm_models.{lang}: no model file at {p}")
+    for lang, files in sorted(cfg.reference.items()):
+        texts = [t for f in files for t in reference_texts(ctx, f, f"coherence.reference.{lang}")]
+        models[lang] = str(build_reference_model(texts, lang, ctx.out / MODELS / f"{lang}.arpa", cfg.order,
+                                                 sp.get(lang)))
+    # scores depend on the models' bytes: a rebuilt reference model (or a replaced file) rescoring
+    key = {"models": {lang: sha256_file(Path(p)) for lang, p in sorted(models.items())},
+           "sentencepiece": {lang: sha256_file(Path(p)) for lang, p in sorted(sp.items())},
+           "default_lang": cfg.default_lang}
+    return {"models": models, "sentencepiece": sp, "default_lang": cfg.default_lang}, key
+
+
+@stage("coherence", version=VERSION, inputs=("quality",), config_field="coherence", flow="data_refresh",
+       requires=_coherence_requires, extra="coherence")
+def run_coherence(ctx: StageContext) -> dict[str, Any]:
+    """Coherence: perplexity per language (KenLM, or our own model's bits per byte), head/middle/tail."""
+    from llmpipe.curation import coherence
+
+    cfg: CoherenceConfig = _cfg(ctx, CoherenceConfig)
+    if not cfg.enabled:
+        return pass_through(ctx, "quality")
+    shards = input_shards(ctx.inputs["quality"])
+    if cfg.scorer == "kenlm":
+        payload, key = _kenlm_payload(ctx, cfg)
+        fn, metric = coherence.score_kenlm_shard, "perplexity"
+    else:
+        ckpt = resolve_model(ctx, cfg.model or "")
+        payload = {"checkpoint": str(ckpt), "device": cfg.device, "max_tokens": cfg.max_tokens,
+                   "batch_size": cfg.batch_size, "default_lang": cfg.default_lang}
+        key = {"model": cfg.model, "max_tokens": cfg.max_tokens, "default_lang": cfg.default_lang}
+        fn, metric = coherence.score_model_shard, "bits_per_byte"
+    scores = score_shards(ctx, shards, fn, payload, key, "coherence scores")
+    decisions, cuts = coherence.decide(scores, metric, cfg)
+    funnel = write_decisions(ctx, shards, scores, decisions)
+    rows = _bucket_rows(scores, decisions, metric)
+    ctx.report_table("coherence-buckets", f"coherence: {metric} per language and bucket", rows)
+    return stage_stats(funnel, len(shards), scorer=cfg.scorer, metric=metric, buckets=rows,
+                       cuts={lang: [round(a, 6), round(b, 6)] for lang, (a, b) in sorted(cuts.items())})
+
+
+def _bucket_rows(scores: list[list[dict[str, Any]]], decisions: list[list[Decision]], metric: str
+                 ) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[float]] = {}
+    for shard, dec in zip(scores, decisions, strict=True):
+        for s, d in zip(shard, dec, strict=True):
+            groups.setdefault((s["lang"], d.scores.get("bucket") or "unscored"), []).append(s[metric])
+    return [{"lang": lang, "bucket": b, "docs": len(v),
+             f"median_{metric}": round(float(np.median([x for x in v if x is not None])), 4)
+             if any(x is not None for x in v) else None}
+            for (lang, b), v in sorted(groups.items())]
+
+
+# -- expertise --------------------------------------------------------------------------------------------
+def _expertise_requires(pipeline: Any) -> tuple[str, ...]:
+    cfg = pipeline.expertise
+    if not cfg.enabled:
+        return ("matplotlib",)
+    if cfg.hf_model_path:
+        return ("matplotlib", "torch", "transformers")
+    return (*CURATION_TEXT, "fasttext", *(("fasttext_new",) if cfg.reference else ()))
+
+
+def _negatives(shards: list[InputShard], cfg: ExpertiseConfig) -> list[tuple[str, str]]:
+    """(text, lang) of a random corpus sample: the ``negatives`` docs first in a seeded hash order."""
+    from llmpipe.curation.expertise import sample_key
+
+    picked: list[tuple[int, str, str, str]] = []
+    for s in shards:
+        for doc in iter_documents(s.path):
+            picked.append((sample_key(cfg.train.seed, doc.id), doc.id, doc.text,
+                           doc.metadata.get("lang") or cfg.default_lang))
+            if len(picked) > 4 * cfg.negatives:  # bounded memory: keep the smallest keys
+                picked = sorted(picked)[: cfg.negatives]
+    return [(t, lang) for _, _, t, lang in sorted(picked)[: cfg.negatives]]
+
+
+def _train_expertise(ctx: StageContext, cfg: ExpertiseConfig, shards: list[InputShard]) -> tuple[Path, dict]:
+    """Train the classifier into the artifact; its held-out AUC (a result: same data, same number)."""
+    from llmpipe.curation import expertise as ex
+
+    pos = [ex.prepare(t, cfg.default_lang) for f in cfg.reference
+           for t in reference_texts(ctx, f, "expertise.reference")]
+    neg = [ex.prepare(t, lang) for t, lang in _negatives(shards, cfg)]
+    pos_tr, pos_ho = ex.split_holdout(pos, cfg.holdout, cfg.train.seed, "pos")
+    neg_tr, neg_ho = ex.split_holdout(neg, cfg.holdout, cfg.train.seed, "neg")
+    path = ex.train_classifier(pos_tr, neg_tr, cfg.label, ctx.out / EXPERTISE_MODEL, cfg.train)
+    model = ex.load_classifier(str(path))
+    auc = ex.auc(ex.positive_probability(model, pos_ho, cfg.label), ex.positive_probability(model, neg_ho, cfg.label))
+    info = {"positives": len(pos_tr), "negatives": len(neg_tr), "holdout_positives": len(pos_ho),
+            "holdout_negatives": len(neg_ho), "holdout_auc": None if math.isnan(auc) else round(auc, 6)}
+    (ctx.out / "model" / "training.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    return path, info
+
+
+@stage("expertise", version=VERSION, inputs=("coherence",), config_field="expertise", flow="data_refresh",
+       requires=_expertise_requires, extra="curation")
+def run_expertise(ctx: StageContext) -> dict[str, Any]:
+    """Expertise: a fastText classifier's score (by path, or trained here from a reference set)."""
+    from llmpipe.curation import expertise as ex
+
+    cfg: ExpertiseConfig = _cfg(ctx, ExpertiseConfig)
+    if not cfg.enabled:
+        return pass_through(ctx, "coherence")
+    shards = input_shards(ctx.inputs["coherence"])
+    info: dict[str, Any] = {}
+    if not any(pq.ParquetFile(s.path).metadata.num_rows for s in shards):  # nothing to learn from or to score
+        return stage_stats(write_decisions(ctx, shards, [[] for _ in shards], [[] for _ in shards]), len(shards),
+                           cut=None, training=info)
+    if cfg.hf_model_path:
+        ckpt = resolve_path(ctx, cfg.hf_model_path)
+        label = ex.hf_label_index(ckpt, cfg.hf_label)  # fail in the parent, naming the key
+        payload = {"checkpoint": str(ckpt), "label": label, "max_tokens": cfg.max_tokens}
+        key = {"hf_model": cfg.hf_model_path, "label": label, "max_tokens": cfg.max_tokens}
+        scores = score_shards(ctx, shards, ex.score_hf_shard, payload, key, "expertise scores")
+    else:
+        if cfg.model_path:
+            path = resolve_path(ctx, cfg.model_path)
+            ex.load_classifier(str(path))  # fail in the parent, naming the key, before any shard work
+        else:
+            path, info = _train_expertise(ctx, cfg, shards)
+        payload = {"model": str(path), "label": cfg.label, "default_lang": cfg.default_lang}
+        key = {"model": sha256_file(path), "label": cfg.label, "default_lang": cfg.default_lang}
+        scores = score_shards(ctx, shards, ex.score_shard, payload, key, "expertise scores")
+    decisions, cut = ex.decide(scores, cfg)
+    funnel = write_decisions(ctx, shards, scores, decisions)
+    if info:
+        ctx.report_table("expertise-training", "expertise classifier (trained in the stage)",
+                         [{"metric": k, "value": v} for k, v in info.items()])
+    return stage_stats(funnel, len(shards), cut=round(cut, 6), training=info)
+
+
+# -- diversity --------------------------------------------------------------------------------------------
+def _tf_job(arg: tuple[str, int, str], out_dir: Path) -> dict[str, Any]:
+    from llmpipe.curation.diversity import term_counts
+
+    shard, features, lang = arg
+    return {"docs": term_counts(shard, features, lang, out_dir)}
+
+
+@stage("diversity", version=VERSION, inputs=("dedup",), config_field="diversity", flow="data_refresh",
+       requires=lambda cfg: (*CURATION_TEXT, "scipy") if cfg.diversity.enabled else ("matplotlib",),
+       extra="curation")
+def run_diversity(ctx: StageContext) -> dict[str, Any]:
+    """Diversity: TF-IDF k-means clusters; semantic near-duplicates inside clusters; cluster caps."""
+    from llmpipe.curation import diversity as dv
+
+    cfg: DiversityConfig = _cfg(ctx, DiversityConfig)
+    if not cfg.enabled:
+        return pass_through(ctx, "dedup")
+    shards = input_shards(ctx.inputs["dedup"])
+    lang = ctx.pipeline.quality.default_lang if ctx.pipeline is not None else "en"
+    items = [(hash_json([ctx.name, VERSION, "tf", cfg.features, lang, s.sha256]), (str(s.path), cfg.features, lang))
+             for s in shards]
+    parts = ctx.cached_map(_tf_job, items, desc="diversity terms")
+    x = dv.tfidf([d / dv.TF for d, _ in parts], cfg.features)
+    labels = dv.kmeans(dv.sketch(x, cfg.sketch_dims, cfg.seed), cfg.clusters, cfg.iterations, cfg.seed)
+    dup, best = dv.near_duplicates(x, labels, cfg.threshold)
+    ids = [doc.id for s in shards for doc in iter_documents(s.path)]
+    flat, cap = dv.decide(labels, dup, best, cfg.max_cluster_share, ids)
+    sizes = [st["docs"] for _, st in parts]
+    decisions, scores, i = [], [], 0
+    for n in sizes:
+        decisions.append(flat[i:i + n])
+        scores.append([{} for _ in range(n)])
+        i += n
+    funnel = write_decisions(ctx, shards, scores, decisions)
+    k = int(labels.max()) + 1 if len(labels) else 0
+    terms = dv.top_terms(x, labels, k, _texts_of(shards, sizes), cfg.features, cfg.top_terms, lang)
+    rows = _cluster_rows(labels, flat, terms)
+    (ctx.out / CLUSTERS_JSON).write_text(json.dumps({"cap": cap, "clusters": rows}, indent=1, sort_keys=True,
+                                                    ensure_ascii=False))
+    _plot_clusters(rows, ctx.out / CLUSTERS_PNG)
+    ctx.report_table("diversity-clusters", "diversity: clusters (size, removed, top terms)", rows)
+    ctx.report_image("diversity-clusters-chart", "diversity: documents per cluster", ctx.out / CLUSTERS_PNG)
+    return stage_stats(funnel, len(shards), clusters=k, cap=cap,
+                       **{f"rejected_{r}": n for r, n in funnel["rejected"].items()})
+
+
+def _texts_of(shards: list[InputShard], sizes: list[int]) -> Any:
+    """A function: global row indexes -> their (text, lang), read shard by shard."""
+    starts = np.cumsum([0, *sizes])
+
+    def get(rows: Any) -> list[tuple[str, str | None]]:
+        want = sorted(int(r) for r in rows)
+        out = []
+        for k, s in enumerate(shards):
+            local = {r - int(starts[k]) for r in want if starts[k] <= r < starts[k + 1]}
+            if local:
+                out.extend((d.text, d.metadata.get("lang")) for j, d in enumerate(iter_documents(s.path))
+                           if j in local)
+        return out
+
+    return get
+
+
+def _cluster_rows(labels: Any, flat: list[Decision], terms: list[list[str]]) -> list[dict[str, Any]]:
+    rows = []
+    for j, t in enumerate(terms):
+        members = np.flatnonzero(labels == j)
+        reasons = Counter(flat[i].reason for i in members)
+        rows.append({"cluster": j, "docs": len(members), "kept": reasons.get(None, 0),
+                     "semantic_duplicate": reasons.get("semantic_duplicate", 0),
+                     "cluster_cap": reasons.get("cluster_cap", 0), "top_terms": ", ".join(t)})
+    return rows
+
+
+def _plot_clusters(rows: list[dict[str, Any]], path: Path) -> None:
+    """Stacked bars per cluster (kept, duplicates, over the cap); same bytes for the same rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r["cluster"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(rows) + 2), 3.5))
+    bottom = np.zeros(len(rows))
+    for key, color in (("kept", "#4c72b0"), ("semantic_duplicate", "#dd8452"), ("cluster_cap", "#c44e52")):
+        v = np.array([r[key] for r in rows], dtype=float)
+        ax.bar(xs, v, bottom=bottom, color=color, label=key)
+        bottom += v
+    ax.set_xlabel("cluster")
+    ax.set_ylabel("documents")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)
+
+
+# -- timeliness -------------------------------------------------------------------------------------------
+@stage("timeliness", version=VERSION, inputs=("diversity",), config_field="timeliness", flow="data_refresh",
+       requires=("matplotlib",), extra="curation")
+def run_timeliness(ctx: StageContext) -> dict[str, Any]:
+    """Timeliness: a date per document (metadata, HTML, text); stale or undated rules; recency weights."""
+    from llmpipe.curation import timeliness as tl
+
+    cfg: TimelinessConfig = _cfg(ctx, TimelinessConfig)
+    if not cfg.enabled:
+        return pass_through(ctx, "diversity")
+    shards = input_shards(ctx.inputs["diversity"])
+    mtimes = tl.source_mtimes(ctx.pipeline) if cfg.file_mtime and ctx.pipeline is not None else {}
+    scores = score_shards(ctx, shards, tl.score_shard, (cfg, mtimes), [cfg.key_dict(), mtimes], "timeliness dates")
+    decisions = [[tl.decide(s, cfg) for s in shard] for shard in scores]
+    funnel = write_decisions(ctx, shards, scores, decisions)
+    years = Counter(s["date"][:4] if s["date"] else "undated" for shard in scores for s in shard)
+    origins = Counter((s["origin"] or "none").split(":")[0] for shard in scores for s in shard)
+    rows = [{"year": y, "docs": n} for y, n in sorted(years.items())]
+    (ctx.out / YEARS_JSON).write_text(json.dumps({"years": dict(sorted(years.items())),
+                                                  "origins": dict(sorted(origins.items()))}, indent=1))
+    _plot_years(rows, ctx.out / YEARS_PNG)
+    ctx.report_table("timeliness-years", "timeliness: documents per year", rows)
+    ctx.report_image("timeliness-years-chart", "timeliness: documents per year", ctx.out / YEARS_PNG)
+    return stage_stats(funnel, len(shards), origins=dict(sorted(origins.items())))
+
+
+def _plot_years(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(rows) + 2), 3.2))
+    ax.bar([r["year"] for r in rows], [r["docs"] for r in rows], color="#4c72b0")
+    ax.set_ylabel("documents")
+    ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)

@@ -1,0 +1,179 @@
+"""The shape shared by the quality-dimension stages (coherence, expertise, diversity, timeliness).
+
+Their decisions need the whole run (a percentile bucket, a top fraction, a cluster, a cluster cap),
+so a filter that decides one document at a time does not fit. Each runs in three steps:
+
+1. **score** every input shard (in shard workers, cached per shard by ``ctx.cached_map`` under a key
+   of the stage version, the scoring config and the shard's sha256): one JSON list of per-document
+   score dicts per shard, in row order;
+2. **decide** in the parent from the scores alone (cheap, and re-appliable later from the kept and
+   rejected documents' stored scores): for each document ``None`` (kept) or a reject reason, and
+   extra metadata fields;
+3. **write** each shard: kept documents to ``shards/``, rejected ones (with ``reject_reason`` and
+   ``rejected_by``) to ``rejected/``, every one of them with its scores in
+   ``metadata["scores"][<stage>]``; the counts go through the one curation funnel
+   (:func:`llmpipe.curation.funnel.report_funnel`), so ``in == kept + sum(rejected)``.
+
+A stage that is not enabled passes its input through (hard links, an all-kept funnel), so the DAG
+keeps its shape and downstream keys stay meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmpipe.curation.funnel import merge_funnels, report_funnel
+from llmpipe.document import (
+    REJECTED,
+    SHARDS,
+    InputShard,
+    input_shards,
+    iter_documents,
+    write_shard,
+)
+from llmpipe.files import link_file
+from llmpipe.lazy import lazy_import
+from llmpipe.stage import StageContext
+from llmpipe.store import hash_json
+
+pq = lazy_import("pyarrow.parquet")
+SCORES = "scores.json"  # per shard, in the shard cache: the score dicts of its documents in row order
+
+
+@dataclass
+class Decision:
+    """What the decide step says about one document."""
+
+    reason: str | None = None  # None = kept
+    meta: dict[str, Any] = field(default_factory=dict)  # extra metadata fields (duplicate_of, weight)
+    scores: dict[str, Any] = field(default_factory=dict)  # added to the stored scores (bucket, cluster)
+
+
+def _score_job(arg: tuple[Callable[[str, Any], list[dict[str, Any]]], str, Any], out_dir: Path) -> dict[str, Any]:
+    fn, shard, payload = arg
+    scores = fn(shard, payload)
+    (out_dir / SCORES).write_text(json.dumps(scores, sort_keys=True, ensure_ascii=False))
+    return {"docs": len(scores)}
+
+
+def score_shards(ctx: StageContext, shards: Sequence[InputShard], fn: Callable[[str, Any], list[dict[str, Any]]],
+                 payload: Any, key: Any, desc: str) -> list[list[dict[str, Any]]]:
+    """Per shard, ``fn(shard_path, payload)`` -> one score dict per document (cached per shard).
+
+    ``fn`` is a top-level function (it runs in shard workers); ``key`` is everything the scores
+    depend on besides the shard's content (the scoring config, a model's content hash).
+    """
+    items = [(hash_json([ctx.name, ctx.spec.version, "score", key, s.sha256]), (fn, str(s.path), payload))
+             for s in shards]
+    results = ctx.cached_map(_score_job, items, desc=desc)
+    return [json.loads((d / SCORES).read_text()) for d, _ in results]
+
+
+def _write_job(job: tuple[str, str, str, str, list[dict[str, Any]], list[Decision]]) -> dict[str, Any]:
+    """One shard's kept and rejected files, scores in metadata; its funnel."""
+    src, out, name, stage_name, scores, decisions = job
+    kept, rejected = [], []
+    reasons: Counter[str] = Counter()
+    for doc, sc, dec in zip(iter_documents(src), scores, decisions, strict=True):
+        doc.metadata.setdefault("scores", {})[stage_name] = {**sc, **dec.scores}
+        doc.metadata.update(dec.meta)
+        if dec.reason is None:
+            kept.append(doc)
+            continue
+        doc.metadata["reject_reason"] = dec.reason
+        doc.metadata["rejected_by"] = stage_name
+        reasons[dec.reason] += 1
+        rejected.append(doc)
+    write_shard(Path(out) / SHARDS / name, kept)
+    write_shard(Path(out) / REJECTED / name, rejected)
+    n = len(kept) + len(rejected)
+    return {"in": n, "kept": len(kept), "rejected": dict(reasons),
+            "filters": {stage_name: {"in": n, "out": len(kept)}}}
+
+
+def write_decisions(ctx: StageContext, shards: Sequence[InputShard], scores: list[list[dict[str, Any]]],
+                    decisions: list[list[Decision]], extra_funnel: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Step 3 for every shard, then the stage funnel (checked, written, reported); returns it."""
+    for s, sc, dec in zip(shards, scores, decisions, strict=True):
+        if len(sc) != len(dec):
+            raise RuntimeError(f"{ctx.name}: {s.name}: {len(dec)} decisions for {len(sc)} documents")
+    jobs = [(str(s.path), str(ctx.out), s.name, ctx.name, sc, dec)
+            for s, sc, dec in zip(shards, scores, decisions, strict=True)]
+    funnel = merge_funnels(ctx.map(_write_job, jobs))
+    funnel.pop("seconds", None)
+    if extra_funnel:
+        funnel.update(extra_funnel)
+    report_funnel(ctx, ctx.name, funnel)
+    return funnel
+
+
+def pass_through(ctx: StageContext, upstream: str) -> dict[str, Any]:
+    """A stage that is off: kept shards are the input files (hard links), nothing rejected."""
+    shards = input_shards(ctx.inputs[upstream])
+    n = 0
+    for s in shards:
+        link_file(s.path, ctx.out / SHARDS / s.name)
+        write_shard(ctx.out / REJECTED / s.name, [])
+        n += pq.ParquetFile(s.path).metadata.num_rows
+    report_funnel(ctx, ctx.name, {"in": n, "kept": n, "rejected": {}, "filters": {}})
+    return {"enabled": False, "docs_in": n, "docs_kept": n, "shards": len(shards)}
+
+
+def stage_stats(funnel: dict[str, Any], shards: int, **extra: Any) -> dict[str, Any]:
+    """The manifest stats every dimension stage returns (the funnel's counts, like the filter stages)."""
+    return {"enabled": True, "docs_in": funnel["in"], "docs_kept": funnel["kept"], "rejected": funnel["rejected"],
+            "shards": shards, **extra}
+
+
+def resolve_path(ctx: StageContext, path: str) -> Path:
+    """A config path, relative to the config file's folder."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and ctx.pipeline is not None and hasattr(ctx.pipeline, "base_dir"):
+        p = ctx.pipeline.base_dir() / p
+    return p
+
+
+BUILTIN_REFERENCES = ("builtin:pydoc",)  # reference sets that ship with Python itself (offline)
+
+
+def reference_texts(ctx: StageContext, spec: str, what: str) -> list[str]:
+    """The documents of one reference entry: a file (see :func:`read_texts`) or ``builtin:pydoc``,
+    the topics of Python's reference manual (``pydoc_data.topics``: reference prose, always there)."""
+    if spec == "builtin:pydoc":
+        from pydoc_data.topics import topics
+
+        return [t for _, t in sorted(topics.items()) if len(t.split()) >= 50]
+    if spec.startswith("builtin:"):
+        raise ValueError(f"{what}: unknown built-in reference {spec!r} (there is {', '.join(BUILTIN_REFERENCES)})")
+    return read_texts(resolve_path(ctx, spec), what)
+
+
+def read_texts(path: Path, what: str) -> list[str]:
+    """Reference documents from a file: ``.jsonl`` (a ``text`` field per line) or text (one per non-empty line).
+
+    A bad line raises naming the file and the line.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: no file at {path}")
+    out: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from e
+            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                raise ValueError(f"{path}:{n}: needs a string 'text' field")
+            out.append(rec["text"])
+        else:
+            out.append(line)
+    if not out:
+        raise ValueError(f"{what}: {path} holds no documents")
+    return out

@@ -1,0 +1,83 @@
+"""Diversity: planted paraphrase-like near-duplicates (sentences reordered, a few words changed) that
+MinHash dedup keeps are removed by the semantic step inside their cluster; a cluster cap holds; the
+funnel adds up and every document keeps its cluster and similarity."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from pydoc_data.topics import topics
+
+from llmpipe.curation.config import DedupConfig
+from llmpipe.curation.dimensions_config import DiversityConfig
+from llmpipe.curation.diversity import cluster_cap
+from llmpipe.document import Document, read_shard, rejected_paths, shard_paths
+from tests.fixtures.quality_corpus import documents, run_stage
+
+
+def paraphrase(text: str, rng: random.Random, changes: int = 3) -> str:
+    """The same sentences in another order, ``changes`` words replaced."""
+    sents = re.split(r"(?<=[.!?])\s+", text)
+    rng.shuffle(sents)
+    words = " ".join(sents).split()
+    for _ in range(changes):
+        words[rng.randrange(len(words))] = rng.choice(["really", "quite", "thing", "value", "object"])
+    return " ".join(words)
+
+
+def _corpus() -> tuple[list[Document], list[str]]:
+    """50 distinct pages of Python's reference manual, then a paraphrase of each of the first 10."""
+    texts = [t for _, t in sorted(topics.items()) if len(t.split()) > 150][:50]
+    rng = random.Random(0)
+    docs = [Document(f"orig-{i:02d}", t, "docs", {"lang": "en"}) for i, t in enumerate(texts)]
+    docs += [Document(f"para-{i:02d}", paraphrase(t, rng), "docs", {"lang": "en"}) for i, t in enumerate(texts[:10])]
+    return docs, [f"orig-{i:02d}" for i in range(10)]
+
+
+def _read(out: Path) -> tuple[list[Document], list[Document]]:
+    return ([d for p in shard_paths(out) for d in read_shard(p)],
+            [d for p in rejected_paths(out) for d in read_shard(p)])
+
+
+def test_semantic_step_removes_paraphrases_minhash_keeps(tmp_path: Path) -> None:
+    docs, sources = _corpus()
+    stats, dedup_out = run_stage("dedup", DedupConfig(), docs, tmp_path / "dedup")
+    kept_by_dedup, _ = _read(dedup_out)
+    assert {d.id for d in kept_by_dedup} >= {f"para-{i:02d}" for i in range(10)}  # MinHash misses them all
+    stats, out = run_stage("diversity", DiversityConfig(enabled=True, clusters=6), kept_by_dedup,
+                           tmp_path / "div", shards=1)  # one shard: the order dedup left
+    kept, rejected = _read(out)
+    assert sorted(d.id for d in rejected) == [f"para-{i:02d}" for i in range(10)]
+    for d in rejected:  # the earliest document is kept; the reason and the scores stay with the removed one
+        assert d.metadata["reject_reason"] == "semantic_duplicate" and d.metadata["rejected_by"] == "diversity"
+        assert d.metadata["duplicate_of"] == d.id.replace("para", "orig")
+        assert d.metadata["scores"]["diversity"]["max_similarity"] >= 0.9
+    assert all(d.metadata["scores"]["diversity"]["max_similarity"] < 0.9 for d in kept)
+    assert stats["docs_in"] == 60 == stats["docs_kept"] + sum(stats["rejected"].values())
+    assert stats["rejected_semantic_duplicate"] == 10 and {d.id for d in kept} >= set(sources)
+    report = json.loads((out / "clusters.json").read_text())
+    assert sum(r["docs"] for r in report["clusters"]) == 60 and all(r["top_terms"] for r in report["clusters"])
+    assert (out / "clusters.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cluster_cap_holds(tmp_path: Path) -> None:
+    """One topic floods the corpus: capped, no cluster holds more than the share of what is kept."""
+    flood = [Document(f"flood-{i:03d}", t, "web", {"lang": "en"}) for i, t in enumerate(documents("en", 120, seed=7))]
+    docs = _corpus()[0][:50] + flood
+    share = 0.3
+    cfg = DiversityConfig(enabled=True, clusters=4, threshold=None, max_cluster_share=share)
+    stats, out = run_stage("diversity", cfg, docs, tmp_path)
+    kept, rejected = _read(out)
+    clusters = [d.metadata["scores"]["diversity"]["cluster"] for d in kept]
+    assert max(clusters.count(c) for c in set(clusters)) <= share * len(kept)
+    assert stats["rejected"] == {"cluster_cap": len(rejected)} and len(rejected) > 0
+    assert all(d.id.startswith("flood-") for d in rejected)
+    assert stats["docs_in"] == len(docs) == len(kept) + len(rejected)
+
+
+def test_cap_is_the_largest_that_holds() -> None:
+    assert cluster_cap([100, 10, 10], 0.5) == 20  # 20 <= 0.5 * (20 + 10 + 10)
+    assert cluster_cap([5, 5], 0.5) == 5
+    assert cluster_cap([100], 0.5) == 0  # one cluster can never hold half

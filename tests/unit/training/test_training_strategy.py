@@ -1,0 +1,73 @@
+"""``train.strategy: auto``'s planner on the field guide's table: 125M, 13B, 175B on 8 x 80 GB; tiny on CPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from llmpipe.training.strategy import GB, Devices, ModelShape, activation_bytes, choose, state_bytes
+
+NODE = Devices(count=8, per_node=8, memory=80 * GB)
+# (parameters, layers, hidden, heads): GPT-3's 125M and 175B rows, and Llama-2 13B
+M125, B13, B175 = ModelShape(125_000_000, 12, 768, 12), ModelShape(13_000_000_000, 40, 5120, 40), \
+    ModelShape(175_000_000_000, 96, 12288, 96)
+
+
+def test_under_10b_a_replica_that_fits_is_ddp() -> None:
+    plan = choose(M125, NODE, seq_len=2048, micro_batch=8)
+    assert (plan.strategy, plan.data_parallel, plan.fits) == ("ddp", 8, True)
+    assert "under 10B" in plan.reason and "GiB per device" in plan.describe()
+
+
+def test_13b_on_one_node_is_zero2_with_checkpointing_else_tensor_parallel() -> None:
+    plan = choose(B13, NODE, seq_len=2048, micro_batch=1, checkpointing=True)
+    assert (plan.strategy, plan.zero_stage, plan.fits) == ("deepspeed", 2, True)
+    assert plan.memory.parameters == 26_000_000_000 and plan.memory.optimizer == 12 * 13_000_000_000 // 8
+    # full activations (2048 x 5120 x 40 layers) push ZeRO-2 past 72 GiB: the table's other answer
+    plan = choose(B13, NODE, seq_len=2048, micro_batch=1)
+    assert (plan.strategy, plan.tensor_parallel, plan.pipeline_parallel, plan.fits) == ("fsdp2", 8, 1, True)
+
+
+def test_175b_is_3d_and_says_it_does_not_fit_on_eight_devices() -> None:
+    plan = choose(B175, NODE, seq_len=2048, micro_batch=1, checkpointing=True)
+    assert plan.tensor_parallel == 8 and not plan.fits
+    assert "over 100B parameters: 3D parallelism" in plan.reason and "devices of 80 GiB" in plan.reason
+    big = Devices(count=512, per_node=8, memory=80 * GB)
+    plan = choose(B175, big, seq_len=2048, micro_batch=1, checkpointing=True)
+    assert plan.fits and plan.tensor_parallel == 8 and plan.pipeline_parallel > 1
+    assert plan.tensor_parallel * plan.pipeline_parallel * plan.data_parallel == 512
+
+
+def test_the_tiny_model_on_two_cpu_processes_is_ddp() -> None:
+    tiny = ModelShape.of_llama(SimpleNamespace(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=4, vocab_size=2048))
+    assert 300_000 < tiny.parameters < 400_000
+    plan = choose(tiny, Devices(count=2, per_node=2, memory=8 * GB, kind="cpu"), seq_len=128, micro_batch=4,
+                  precision="fp32")
+    assert (plan.strategy, plan.data_parallel) == ("ddp", 2)
+
+
+def test_the_accounting_is_sixteen_bytes_per_parameter_and_checkpointing_saves_activations() -> None:
+    assert sum(state_bytes(10, "bf16")) == sum(state_bytes(10, "fp32")) == 160
+    full, ckpt = (activation_bytes(B13, 2048, 1, "bf16", c) for c in (False, True))
+    assert full == 40 * 2048 * 5120 * (34 + 5 * 40 * 2048 / 5120) and ckpt < full / 50
+    with pytest.raises(ValueError, match="devices must be positive"):
+        Devices(count=0, per_node=8, memory=GB)
+
+
+def test_auto_in_the_config_resolves_to_ddp_for_the_tiny_model_and_explicit_wins(caplog) -> None:
+    import logging
+
+    from llmpipe.training.config import TrainConfig
+    from llmpipe.training.model import llama_config
+    from llmpipe.training.strategy import resolve
+
+    log = logging.getLogger("test.strategy")
+    conf = llama_config("tiny", 2048)
+    with caplog.at_level(logging.INFO, logger="test.strategy"):
+        cfg, facts = resolve(TrainConfig(strategy="auto", launch={"device": "cpu"}), conf, 128, log)
+    assert cfg.strategy == "ddp" and facts["strategy_chosen"] == "ddp"
+    assert "under 10B parameters and a replica fits: DDP" in caplog.text and "GiB per device" in caplog.text
+    explicit = TrainConfig(strategy="fsdp2")
+    assert resolve(explicit, conf, 128, log) == (explicit, {})
