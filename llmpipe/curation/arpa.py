@@ -109,3 +109,54 @@ def write_arpa(sentences: Iterable[Sequence[str]], path: str | Path, order: int 
                 f.write(line + "\n")
         f.write("\n\\end\\\n")
     return path
+
+
+class ArpaModel:
+    """An ARPA backoff model scored in Python: the coherence stage's scorer without the compiled ``kenlm``.
+
+    ``score`` follows KenLM's ``Model.score(sentence, bos, eos)``: log10 of the sentence's probability,
+    each word by the longest n-gram the model has (``p(w|h) = b(h) p(w|h')`` for an unseen ``hw``),
+    unknown words as ``<unk>``. KenLM's compiled query is faster and also reads its binary format;
+    ``tests/unit/curation/test_coherence.py`` pins that both give the same scores on ARPA files.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.prob: dict[tuple[str, ...], float] = {}
+        self.backoff: dict[tuple[str, ...], float] = {}
+        self.order = 0
+        section = 0
+        with open(path, encoding="utf-8") as f:
+            for raw in f:
+                line = raw.strip()
+                if not line or line.startswith(("ngram ", "\\data\\", "\\end\\")):
+                    continue
+                if line.startswith("\\") and line.endswith("-grams:"):
+                    section = int(line[1:].split("-")[0])
+                    self.order = max(self.order, section)
+                    continue
+                parts = line.split("\t") if "\t" in line else line.split()
+                gram = tuple(parts[1].split()) if "\t" in line else tuple(parts[1 : 1 + section])
+                self.prob[gram] = float(parts[0])
+                rest = parts[2:] if "\t" in line else parts[1 + section:]
+                if rest:
+                    self.backoff[gram] = float(rest[0])
+        if (UNK,) not in self.prob:
+            raise ValueError(f"{path}: an ARPA model needs a <unk> unigram")
+
+    def _word(self, context: tuple[str, ...], word: str) -> float:
+        if (word,) not in self.prob:
+            word = UNK
+        for start in range(len(context) + 1):  # longest context first
+            gram = (*context[start:], word)
+            if gram in self.prob:
+                return self.prob[gram] + sum(self.backoff.get(context[s:], 0.0) for s in range(start))
+        raise AssertionError("unreachable: every word has a unigram")
+
+    def score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
+        words = sentence.split()
+        history = [BOS] if bos else []
+        total = 0.0
+        for w in [*words, *([EOS] if eos else [])]:
+            total += self._word(tuple(history[-(self.order - 1):]) if self.order > 1 else (), w)
+            history.append(w)
+        return total

@@ -84,8 +84,15 @@ def load_kenlm(path: str) -> Any:
     """A ``kenlm.Model`` (cached per process: each shard worker loads a model once)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"coherence.kenlm_models: no model file at {path}")
-    import kenlm
+    try:
+        import kenlm
+    except ImportError:  # the compiled package is an extra; ARPA text models score in Python too
+        from llmpipe.curation.arpa import ArpaModel
 
+        if Path(path).read_bytes()[:64].lstrip().startswith(b"\\data\\"):
+            return ArpaModel(path)
+        raise ImportError(f"coherence.kenlm_models: {path} is a KenLM binary model, which needs the kenlm "
+                          f"package: pip install 'llmpipe[coherence]' (builds it with a C++ compiler)") from None
     config = kenlm.Config()
     config.show_progress = False  # its progress bar goes to stderr, in every shard worker
     return kenlm.Model(path, config)

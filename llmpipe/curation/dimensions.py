@@ -57,7 +57,8 @@ def _coherence_requires(pipeline: Any) -> tuple[str, ...]:
     cfg = pipeline.coherence
     if not cfg.enabled:
         return ("matplotlib",)
-    mods = ("torch", "transformers") if cfg.scorer == "model" else ("kenlm",)
+    binary = any(not str(m).endswith(".arpa") for m in cfg.kenlm_models.values())  # ARPA text scores in Python
+    mods = ("torch", "transformers") if cfg.scorer == "model" else (("kenlm",) if binary else ())
     return (*CURATION_TEXT, *mods, *(("sentencepiece",) if cfg.sentencepiece else ()))
 
 
@@ -99,7 +100,7 @@ def _kenlm_payload(ctx: StageContext, cfg: CoherenceConfig) -> tuple[dict[str, A
 
 
 @stage("coherence", version=VERSION, inputs=("quality",), config_field="coherence", flow="data_refresh",
-       requires=_coherence_requires, extra="coherence")
+       requires=_coherence_requires, extra="curation")
 def run_coherence(ctx: StageContext) -> dict[str, Any]:
     """Coherence: perplexity per language (KenLM, or our own model's bits per byte), head/middle/tail."""
     from llmpipe.curation import coherence

@@ -6,7 +6,7 @@ Each is off unless ``enabled: true`` (then its input passes through unchanged, h
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -70,6 +70,15 @@ class CoherenceConfig(Section):
         if self.enabled and self.scorer == "kenlm" and not (self.kenlm_models or self.reference):
             raise ValueError("scorer 'kenlm' needs kenlm_models or reference (per language)")
         return self
+
+    def key_dict(self) -> dict[str, Any]:
+        """The settings, and which ARPA scorer this install has: the compiled ``kenlm`` and the Python
+        ``ArpaModel`` agree to about 1e-5 in log10, not bit for bit, so the scores (and the artifact's
+        bytes) depend on it: installing ``[coherence]`` changes the key instead of the bytes under one."""
+        out = super().key_dict()
+        if self.enabled and self.scorer == "kenlm":
+            out["arpa_scorer"] = "kenlm" if _has_kenlm() else "python"
+        return out
 
 
 class FastTextSettings(Section):
@@ -163,3 +172,11 @@ class TimelinessConfig(Section):
         if (self.max_age_days or self.half_life_days) and self.reference_date is None:
             raise ValueError("max_age_days and half_life_days need reference_date (a fixed date, never today)")
         return self
+
+
+def _has_kenlm() -> bool:
+    try:
+        import kenlm  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -66,6 +66,25 @@ def test_kenlm_reference_models_put_corrupted_copies_in_the_tail(tmp_path: Path)
     assert stats2["rejected"] == stats["rejected"]
 
 
+def test_without_the_kenlm_package_arpa_models_score_in_python(tmp_path: Path, monkeypatch) -> None:
+    """The same ranking where ``kenlm`` is not installed (``import kenlm`` fails): ARPA text models
+    score through ``ArpaModel``; a binary model asks for the extra."""
+    import sys
+
+    from llmpipe.curation import coherence
+
+    monkeypatch.setitem(sys.modules, "kenlm", None)  # what an install without [coherence] sees
+    coherence.load_kenlm.cache_clear()
+    refs = {lang: [str(write_reference(tmp_path / "ref" / f"{lang}.txt", lang))] for lang in LANGS}
+    stats, out = run_stage("coherence", CoherenceConfig(enabled=True, scorer="kenlm", reference=refs, order=3),
+                           _corpus(), tmp_path)
+    _check(stats, out, "perplexity")
+    (tmp_path / "model.bin").write_bytes(b"mmap lm http://kheafield.com/code format version 5\0")
+    with pytest.raises(ImportError, match=r"KenLM binary model, which needs the kenlm package: pip install"):
+        coherence.load_kenlm(str(tmp_path / "model.bin"))
+    coherence.load_kenlm.cache_clear()
+
+
 def test_own_model_scorer_puts_corrupted_copies_in_the_tail(tmp_path: Path) -> None:
     """Our own model, named as a pretrain artifact of the store (the loop data -> model -> data) or by path."""
     ckpt = train_tiny_lm(tmp_path / "lm")
@@ -129,6 +148,23 @@ def test_kenlm_reads_the_arpa_as_written(tmp_path: Path) -> None:
         total = sum(10 ** (m.score(" ".join([*ctx, w]), bos=True, eos=False) - base) for w in [*"abcde", "zz"])
         total += 10 ** (m.score(" ".join(ctx), bos=True, eos=True) - base)  # </s>
         assert math.isclose(total, 1.0, rel_tol=1e-5), ctx
+
+
+@needs_kenlm
+def test_the_python_arpa_scorer_gives_kenlms_scores(tmp_path: Path) -> None:
+    """Pins ArpaModel (the scorer without the compiled package) to KenLM's own query, OOV words included."""
+    import kenlm
+
+    from llmpipe.curation.arpa import ArpaModel
+
+    rng = random.Random(2)
+    sents = [[rng.choice("abcdefg") for _ in range(rng.randint(1, 8))] for _ in range(300)]
+    path = str(write_arpa(sents, tmp_path / "m.arpa", 3))
+    ours, theirs = ArpaModel(path), kenlm.Model(path)
+    probes = [" ".join(rng.choice("abcdefgxy") for _ in range(rng.randint(1, 10))) for _ in range(200)]
+    for text in probes:
+        for bos, eos in ((True, True), (True, False), (False, True)):
+            assert math.isclose(ours.score(text, bos, eos), theirs.score(text, bos=bos, eos=eos), abs_tol=2e-4), text
 
 
 def test_config_errors_name_the_key() -> None:
