@@ -34,6 +34,8 @@ fi
 apt_install chromium chromium
 # nginx: `nginx -t` of the production manifests in deployments/triton
 apt_install nginx nginx-light
+# docker-compose 1.29.2 (Debian's): `docker-compose config` validates deployments/triton/docker-compose.yml
+apt_install docker-compose --no-install-recommends docker-compose
 # dedup: the Redis-backed LSH index test starts a real redis-server
 apt_install redis-server redis-server
 # serving monitoring: promtool checks deployments/monitoring; the alert test runs Prometheus + Alertmanager

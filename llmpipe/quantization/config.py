@@ -38,7 +38,9 @@ class QuantizeConfig(Section):
 
     scheme: Literal["awq_w4", "int8_dynamic"] = "awq_w4"
     group_size: int = Field(128, gt=0, description="weights per quantization group; lowered to divide every "
-                                                  "quantized layer's input width when it does not")
+                                                  "quantized layer's input width when it does not (deploy.backend "
+                                                  "python); deploy.backend vllm takes 32, 64 or 128 and widths in "
+                                                  "multiples of 128, and the stage refuses before any work otherwise")
     symmetric: bool = Field(False, description="False: asymmetric (zero point per group), as AutoAWQ")
     duo_scaling: bool | Literal["both"] = Field(True, description="AWQ scale search uses weights too")
     n_grid: int = Field(20, gt=0, description="AWQ grid points per scale search")

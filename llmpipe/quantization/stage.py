@@ -9,6 +9,11 @@ Artifact layout::
 Speeds (fp and quantized generation tokens/s, seconds spent quantizing) are measurements of one
 run: they go to the manifest's stats (and the ``quantize-speed`` report), never into the files.
 
+Before any work the stage checks that the model's shapes and ``quantize.group_size`` suit the
+kernels of the deploy target (``llmpipe/quantization/readiness.py``: vLLM's W4A16 kernels take
+groups of 32/64/128 and widths in multiples of 128; the Python backend takes any), and refuses with
+the keys to change rather than publish a checkpoint that will not serve.
+
 The gate compares against the evaluate artifact's ``results.json`` and evaluates the quantized
 model with the settings recorded there, on the same held-out data. A failure raises
 :class:`QualityGateError`; no artifact is published, so the release flow stops before deploy.
@@ -29,6 +34,8 @@ from llmpipe.files import link_file
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
 from llmpipe.quantization.layout import QUANTIZE
+from llmpipe.quantization.readiness import check_before_quantizing
+from llmpipe.serving.config import DeployConfig
 from llmpipe.stage import StageContext, stage
 
 if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, not when it registers
@@ -125,6 +132,12 @@ def quantize_int8(ctx: StageContext, cfg: QuantizeConfig, fp_dir: Path, ecfg: Ev
     return res, info
 
 
+def deploy_config(ctx: StageContext) -> DeployConfig:
+    """The deploy section the artifact is for (its defaults when the stage runs without a pipeline)."""
+    deploy = getattr(ctx.pipeline, "deploy", None)
+    return deploy if isinstance(deploy, DeployConfig) else DeployConfig()
+
+
 def _tokens_per_s(res: dict[str, Any]) -> float | None:
     """Generation tokens/s of a ``run_suite`` result; its timings leave the metrics (they are stats)."""
     return res["metrics"].pop("timings", {}).get("generation_tokens_per_s")
@@ -149,6 +162,8 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     cfg: QuantizeConfig = ctx.config
     device = resolve_device(cfg.device)
     fp_dir = find_checkpoint(ctx.inputs["pretrain"])
+    # before any work: a checkpoint the deploy target's kernels cannot take fails here, not at serving
+    check_before_quantizing(fp_dir, cfg, deploy_config(ctx))
     fp_res, ecfg = baseline(ctx.inputs["evaluate"])
     tok = load_tokenizer(fp_dir)
     if cfg.scheme == "awq_w4":

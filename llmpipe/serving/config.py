@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config_base import Section, run_setting
 
 STREAM_SUFFIX = "_stream"  # the streaming model's name: the batch model's + this
+# The production preset (``deploy.target: gpu``) where the config does not say otherwise: two model
+# instances per GPU, batches of up to 32 (the max_batch_size default on every target), and up to
+# 300 ms of queueing so that batches fill at peak load. The trade-off: a request may wait that long
+# for others before its forward pass; lower ``deploy.max_queue_delay_us`` for latency over throughput.
+GPU_DEFAULTS: dict[str, Any] = {"instance_count": 2, "max_queue_delay_us": 300_000}
 
 
 class DeployConfig(Section):
@@ -24,11 +29,14 @@ class DeployConfig(Section):
                                "release a new model beside an older one in a shared repository")
     backend: Literal["python", "vllm"] = "python"  # vllm: Triton's vLLM backend layout (GPU targets only)
     target: Literal["cpu", "gpu"] = "cpu"  # instance_group kind: KIND_CPU or KIND_GPU
-    instance_count: int = Field(1, ge=1, le=64)
+    instance_count: int = Field(1, ge=1, le=64, description="model instances per server (target gpu: 2 "
+                                "unless set, on each GPU; backend vllm: 1)")
     max_batch_size: int = Field(32, ge=1, le=1024)
     dynamic_batching: bool = True
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16, 32])
-    max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000)
+    max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000, description="how long a request may wait "
+                                    "for others to batch with (target gpu: 300000 unless set: bigger batches, "
+                                    "up to 300 ms more latency)")
     # Triton's response cache for the batch model; greedy decoding only (a sampled answer must not be
     # replayed). Triton 2.51 caches a refused request's error too and replays it as an empty answer.
     response_cache: bool = False
@@ -52,6 +60,17 @@ class DeployConfig(Section):
     slo_figure: Literal["e2e", "ttft", "itl"] = run_setting("e2e", description="the latency whose p99 "
                                                             "slo_p99_ms bounds, at every load_concurrency level")
     startup_timeout_s: float = run_setting(180.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_defaults(cls, data: Any) -> Any:
+        """``target: gpu`` starts from GPU_DEFAULTS; keys the config sets win. A default that depends on
+        the target (not a second section), so the CPU defaults, and the stage keys, stay as they were."""
+        if isinstance(data, dict) and data.get("target") == "gpu":
+            # vLLM's engine takes vllm_gpu_memory_utilization of the GPU per instance: one per GPU
+            defaults = {**GPU_DEFAULTS, "instance_count": 1} if data.get("backend") == "vllm" else GPU_DEFAULTS
+            return {**defaults, **data}
+        return data
 
     @field_validator("model_name")
     @classmethod
@@ -81,4 +100,8 @@ class DeployConfig(Section):
                              "streaming: true and backend 'python' (else use 'e2e')")
         if self.backend == "vllm" and self.target != "gpu":
             raise ValueError("backend 'vllm' needs target 'gpu' (Triton's vLLM backend runs on GPUs only)")
+        if self.backend == "vllm" and self.instance_count * self.vllm_gpu_memory_utilization > 1:
+            raise ValueError(f"backend 'vllm': instance_count ({self.instance_count}) x vllm_gpu_memory_utilization "
+                             f"({self.vllm_gpu_memory_utilization}) is over 1: each vLLM instance reserves that "
+                             "share of the GPU; lower deploy.vllm_gpu_memory_utilization or deploy.instance_count")
         return self

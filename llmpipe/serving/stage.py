@@ -37,10 +37,12 @@ PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
     from llmpipe.evaluation.model_io import find_checkpoint
+    from llmpipe.quantization.readiness import check_checkpoint
     from llmpipe.serving.repository import write_model_repository
 
     cfg: DeployConfig = ctx.config or DeployConfig()
     ckpt = find_checkpoint(ctx.inputs["quantize"])
+    check_checkpoint(ckpt, cfg)  # the quantize key leaves deploy out: a cached artifact may be for another backend
     # the version is the config's, never the store's history: the same key holds the same bytes anywhere
     version = cfg.model_version
     write_model_repository(ckpt, ctx.out / DEPLOY.repository, cfg, version)

@@ -111,6 +111,25 @@ class ProfileConfig(Section):
         return v
 
 
+class ParallelConfig(Section):
+    """Model parallelism inside the data-parallel strategy (``llmpipe/training/parallel.py``).
+
+    ``tensor: N`` splits every decoder block over N ranks with PyTorch DTensor, as torchtitan does
+    (column-wise q/k/v/gate/up, row-wise o/down: the plan transformers ships with the model as
+    ``config.base_model_tp_plan``); the world is then a (data x tensor) mesh, world / N data-parallel
+    replicas of N ranks each, FSDP2 sharding over the data dimension when ``strategy: fsdp2``. It is
+    a run setting like ``launch``: the same global batch gives the same model at any degree (tested to
+    1e-5 against one process), so it stays out of the stage key.
+    """
+
+    tensor: int = run_setting(1, gt=0, description="tensor-parallel degree: ranks per model replica "
+                              "(1: off); must divide the world size and the attention and KV heads")
+    pipeline: int = run_setting(1, gt=0, description="pipeline stages, one per rank, split by decoder "
+                                "layer (1: off); must equal the world size and divide the layers")
+    schedule: Literal["1f1b", "gpipe"] = run_setting("1f1b", description="pipeline schedule over the "
+                                                     "step's micro-batches")
+
+
 class LaunchConfig(Section):
     """How the workers start: launcher, device, processes per node, nodes and their rendezvous."""
 
@@ -167,6 +186,7 @@ class TrainConfig(Section):
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    parallel: ParallelConfig = run_setting(default_factory=ParallelConfig)  # how, not what: out of the key
     loss: LossConfig = Field(default_factory=LossConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
@@ -193,4 +213,46 @@ class TrainConfig(Section):
                              f"micro_batch_size ({self.micro_batch_size})")
         if self.launch.launcher == "deepspeed" and self.strategy != "deepspeed":
             raise ValueError(f"launch.launcher 'deepspeed' needs strategy 'deepspeed', got {self.strategy!r}")
+        self._check_parallel()
         return self
+
+    def _check_parallel(self) -> None:
+        tp, world = self.parallel.tensor, self.launch.world_size
+        if self.parallel.pipeline > 1:
+            self._check_pipeline()
+        if tp == 1:
+            return
+        if self.strategy == "deepspeed":
+            raise ValueError("parallel.tensor > 1 runs under strategy ddp or fsdp2 (PyTorch DTensor), "
+                             "not deepspeed")
+        if world % tp:
+            raise ValueError(f"parallel.tensor ({tp}) must divide the world size (launch.nodes x "
+                             f"launch.nproc_per_node = {world})")
+        if world > tp and self.strategy == "ddp":
+            raise ValueError(f"parallel.tensor ({tp}) on {world} ranks leaves {world // tp} data-parallel "
+                             f"replicas: that needs strategy fsdp2 (sharded over the data dimension), got ddp")
+
+    def _check_pipeline(self) -> None:
+        pp, world = self.parallel.pipeline, self.launch.world_size
+        if self.parallel.tensor > 1 or world != pp:
+            raise ValueError(f"parallel.pipeline ({pp}) runs one stage per rank on its own: it needs "
+                             f"parallel.tensor 1 and a world size of {pp} (got tensor "
+                             f"{self.parallel.tensor}, world {world}); pipeline x data or x tensor "
+                             f"parallel is not in this release")
+        if self.strategy not in ("ddp", "fsdp2"):
+            raise ValueError(f"parallel.pipeline > 1 runs under strategy ddp or fsdp2, got {self.strategy!r}")
+        if self.precision == "fp16":
+            raise ValueError("parallel.pipeline > 1 has no fp16 loss scaling: use bf16 or fp32")
+        if self.loss.entity_weight is not None:
+            raise ValueError("parallel.pipeline > 1: the last stage computes plain cross-entropy; "
+                             "the entity loss (loss.entity_weight) is not supported there")
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks per model replica: tensor x pipeline degrees."""
+        return self.parallel.tensor * self.parallel.pipeline
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel replicas: the world over the ranks of one replica."""
+        return self.launch.world_size // self.model_parallel

@@ -1,4 +1,5 @@
-"""Parallelism strategies behind one small interface: DDP, FSDP2 (``fully_shard``) and DeepSpeed ZeRO.
+"""Parallelism strategies behind one small interface: DDP, FSDP2 (``fully_shard``), tensor parallel
+(DTensor, optionally x FSDP2 on a 2-D mesh: ``train.parallel.tensor``) and DeepSpeed ZeRO.
 
 Every engine does the same four things the training loop needs: a micro-batch forward/backward,
 an optimizer step (or a skipped one), a collective checkpoint save/load into a directory, and a full
@@ -184,30 +185,24 @@ class DDPEngine(Engine):
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if _rank() == 0 else None
 
 
-class FSDP2Engine(Engine):
-    """Per-decoder-layer ``fully_shard`` plus the root; checkpoints via torch.distributed.checkpoint."""
+def _fully_shard(model: torch.nn.Module, cfg: TrainConfig, mesh: Any = None) -> bool:
+    """Per-decoder-layer ``fully_shard`` plus the root (over ``mesh``, default: all ranks); whether
+    FSDP casts the parameters itself (bf16/fp16), so autocast is off."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    name = "fsdp2"
+    kw: dict[str, Any] = {"mesh": mesh} if mesh is not None else {}
+    if cfg.precision in ("bf16", "fp16"):
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.precision], reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return "mp_policy" in kw
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        model = model.to(device)
-        mp = None
-        if cfg.precision in ("bf16", "fp16"):
-            mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.precision], reduce_dtype=torch.float32)
-        kw = {"mp_policy": mp} if mp is not None else {}
-        for layer in model.model.layers:
-            fully_shard(layer, **kw)
-        fully_shard(model, **kw)
-        super().__init__(model, cfg, device)
-        if mp is not None:
-            self.amp_dtype = torch.float32  # FSDP casts parameters itself
-        self.scaler = None
-        if cfg.compile:
-            self.model = torch.compile(model)
-        self.module = model
-        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
+class DCPEngine(Engine):
+    """Checkpoints of DTensor-sharded models (FSDP2, tensor parallel) via torch.distributed.checkpoint."""
+
+    module: torch.nn.Module
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -234,6 +229,69 @@ class FSDP2Engine(Engine):
 
         sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return sd if _rank() == 0 else None
+
+
+class FSDP2Engine(DCPEngine):
+    """Per-decoder-layer ``fully_shard`` plus the root; checkpoints via torch.distributed.checkpoint."""
+
+    name = "fsdp2"
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+        model = model.to(device)
+        casts = _fully_shard(model, cfg)
+        super().__init__(model, cfg, device)
+        if casts:
+            self.amp_dtype = torch.float32  # FSDP casts parameters itself
+        self.scaler = None
+        if cfg.compile:
+            self.model = torch.compile(model)
+        self.module = model
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
+
+
+class TensorParallelEngine(DCPEngine):
+    """``train.parallel.tensor`` ranks per replica (DTensor, ``parallel.py``), FSDP2 over the replicas.
+
+    On one replica (world == tensor) the strategy's data parallelism has nothing to do; with more,
+    ``fully_shard`` shards over the mesh's data dimension (torchtitan's 2-D FSDP x TP).
+    """
+
+    name = "tp"
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+        from llmpipe.training.parallel import device_mesh, parallelize
+
+        model = model.to(device)
+        self.mesh = device_mesh(device, _world(), cfg.parallel.tensor)
+        parallelize(model, self.mesh["tp"])
+        casts = self.mesh["dp"].size() > 1 and _fully_shard(model, cfg, self.mesh["dp"])
+        super().__init__(model, cfg, device)
+        if casts:
+            self.amp_dtype = torch.float32
+        self.scaler = None
+        if cfg.compile:
+            self.model = torch.compile(model)
+        self.module = model
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        c = self.cfg.optimizer
+        return torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), eps=c.eps)  # fused: no DTensor
+
+    def step(self, lr: float, skip: bool) -> float:
+        """As the base, with a grad norm over DTensor and plain gradients (``parallel.clip_grad_norm``)."""
+        from llmpipe.training.parallel import clip_grad_norm
+
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            return float("nan")
+        clip = self.cfg.optimizer.grad_clip
+        norm = clip_grad_norm(self.module.parameters(), clip if clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
 
 def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None) -> dict[str, Any]:
@@ -335,6 +393,8 @@ class DeepSpeedEngine(Engine):
 
 
 def make_engine(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, ds_config: dict[str, Any] | None) -> Engine:
+    if cfg.parallel.tensor > 1:
+        return TensorParallelEngine(model, cfg, device)
     if cfg.strategy == "ddp":
         return DDPEngine(model, cfg, device)
     if cfg.strategy == "fsdp2":

@@ -74,10 +74,11 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
     from llmpipe.training.data import open_packed
     from llmpipe.training.model import max_positions  # torch: loaded when the stage runs, not registers
 
-    world = cfg.launch.world_size
+    world = cfg.data_parallel  # the ranks of one tensor-parallel group share their micro-batches
     if cfg.global_batch_size % (cfg.micro_batch_size * world):
+        per = " / parallel.tensor" if cfg.parallel.tensor > 1 else ""
         raise TrainingError(
-            f"train.global_batch_size: must be divisible by micro_batch_size x world size "
+            f"train.global_batch_size: must be divisible by micro_batch_size x world size{per} "
             f"({cfg.micro_batch_size} x {world} = {cfg.micro_batch_size * world}), got {cfg.global_batch_size}")
     try:
         source = open_packed(data_dir, cfg.split)
@@ -105,8 +106,19 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
         if cfg.launch.nproc_per_node > torch.cuda.device_count():
             raise TrainingError(f"train.launch.nproc_per_node: {cfg.launch.nproc_per_node} processes but only "
                                 f"{torch.cuda.device_count()} GPUs on this node")
-    return {"seq_len": seq_len, "sequences": len(source), "world_size": world,
-            "accumulation": cfg.global_batch_size // (cfg.micro_batch_size * world), "vocab_size": vocab_size}
+    if cfg.model_parallel > 1:
+        from llmpipe.training.parallel import check_divides
+        from llmpipe.training.pipeline import check_layers
+
+        try:
+            check_divides(model_config_of(cfg, vocab_size), cfg.parallel.tensor)
+            check_layers(model_config_of(cfg, vocab_size), cfg.parallel.pipeline)
+        except ValueError as e:
+            raise TrainingError(str(e)) from None
+    return {"seq_len": seq_len, "sequences": len(source), "world_size": cfg.launch.world_size,
+            "accumulation": cfg.global_batch_size // (cfg.micro_batch_size * world), "vocab_size": vocab_size,
+            **({"tensor_parallel": cfg.parallel.tensor} if cfg.parallel.tensor > 1 else {}),
+            **({"pipeline_parallel": cfg.parallel.pipeline} if cfg.parallel.pipeline > 1 else {})}
 
 
 def _will_use_cuda(cfg: TrainConfig) -> bool:

@@ -189,28 +189,45 @@ def resolve(cfg: Any, model_config: Any, seq_len: int, log: Any) -> tuple[Any, d
 
     An explicit strategy is returned unchanged. ZeRO-2 becomes ``deepspeed`` with ``zero_optimization:
     {stage: 2}`` unless the config names its own DeepSpeed settings, and FSDP2 when DeepSpeed is not
-    installed (it shards more, so it fits where ZeRO-2 does). A plan that needs tensor or pipeline
-    parallelism is refused with the estimate: this release runs data-parallel strategies only.
+    installed (it shards more, so it fits where ZeRO-2 does). A tensor-parallel plan sets
+    ``train.parallel.tensor`` (FSDP2 over the replicas); one that needs pipeline stages as well is
+    refused with the estimate: this release runs pipeline parallelism only on its own.
     """
     if cfg.strategy != "auto":
         return cfg, {}
-    import importlib.util
-
     plan = choose(ModelShape.of_llama(model_config), job_devices(cfg.launch), seq_len=seq_len,
                   micro_batch=cfg.micro_batch_size, precision=cfg.precision,
                   checkpointing=cfg.gradient_checkpointing)
     log.info("train.strategy auto: %s", plan.describe())
-    if plan.tensor_parallel > 1 or plan.pipeline_parallel > 1:
-        raise ValueError(f"train.strategy: auto chose {plan.describe()}; tensor and pipeline parallelism "
-                         f"are not in this release: set train.strategy to fsdp2 or deepspeed (ZeRO-3 "
-                         f"with offload) explicitly")
     if not plan.fits:
         log.warning("train.strategy auto: the estimate does not fit in %.0f GiB per device; trying anyway",
                     HEADROOM * job_devices(cfg.launch).memory / GB)
+    return apply(cfg, plan, model_config, log)
+
+
+def apply(cfg: Any, plan: Plan, model_config: Any, log: Any) -> tuple[Any, dict[str, Any]]:
+    """The ``train:`` config that runs ``plan`` (validated again: the degrees must fit the launch)."""
+    import importlib.util
+
+    if plan.pipeline_parallel > 1:
+        raise ValueError(f"train.strategy: auto chose {plan.describe()}; pipeline stages combined with "
+                         f"tensor or data parallelism are not in this release (train.parallel.pipeline "
+                         f"runs alone, one stage per rank): set train.strategy to fsdp2 (with "
+                         f"train.parallel.tensor) or deepspeed (ZeRO-3 with offload) explicitly")
     update: dict[str, Any] = {"strategy": plan.strategy}
-    if plan.strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+    tensor = cfg.parallel.tensor if cfg.parallel.tensor > 1 else plan.tensor_parallel  # explicit wins
+    if tensor > 1:
+        from llmpipe.training.parallel import check_divides
+
+        check_divides(model_config, tensor)
+        update = {"strategy": "fsdp2", "parallel": {**cfg.parallel.model_dump(), "tensor": tensor}}
+    elif plan.strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         update["strategy"] = "fsdp2"
         log.info("train.strategy auto: deepspeed is not installed; FSDP2 instead of ZeRO-2")
     elif plan.strategy == "deepspeed" and cfg.deepspeed is None:
         update["deepspeed"] = {"zero_optimization": {"stage": plan.zero_stage}}
-    return cfg.model_copy(update=update), {"strategy_chosen": update["strategy"], "strategy_plan": plan.describe()}
+    out = type(cfg).model_validate({**cfg.model_dump(), **update})
+    facts = {"strategy_chosen": update["strategy"], "strategy_plan": plan.describe()}
+    if tensor > 1:
+        facts["tensor_parallel"] = tensor
+    return out, facts

@@ -138,24 +138,31 @@ class Trainer:
         cfg = self.cfg
         self.source = open_packed(self.spec["data_dir"], cfg.split)
         self.seq_len = int(self.spec["seq_len"])
+        # the ranks of one tensor-parallel group read the same micro-batches (parallel.py's layout)
+        self.dp_rank, self.dp_world = self.rank // cfg.model_parallel, self.world // cfg.model_parallel
         self.order = GlobalOrder(len(self.source), cfg.seed, cfg.global_batch_size, cfg.micro_batch_size,
-                                 self.world)
+                                 self.dp_world)
         model, attn = build_model(cfg, int(self.spec["vocab_size"]), self.device)
         self.model_config = model.config
         self.attn = attn
         if self.rank == 0:
-            log.info("model: %s params, attention=%s, strategy=%s, world=%d, accum=%d, device=%s",
+            log.info("model: %s params, attention=%s, strategy=%s, world=%d, tensor=%d, accum=%d, device=%s",
                      f"{sum(p.numel() for p in model.parameters()):,}", attn, cfg.strategy, self.world,
-                     self.order.accum, self.device)
+                     cfg.parallel.tensor, self.order.accum, self.device)
         ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", "."))) \
             if cfg.strategy == "deepspeed" else None
-        self.engine = make_engine(model, cfg, self.device, ds)
+        if cfg.parallel.pipeline > 1:  # its own step (pipeline_step): the schedule owns the micro-batches
+            from llmpipe.training.pipeline import PipelineEngine
+
+            self.engine = PipelineEngine(model, cfg, self.device, self.order.accum)
+        else:
+            self.engine = make_engine(model, cfg, self.device, ds)
         self.fpt = flops_per_token(self.model_config, self.seq_len)
         self.peak = device_peak_flops(self.device)
         self.step = 0
         self.nonfinite_total = self.nonfinite_streak = self.spikes = 0
         self.loss_ema: float | None = None
-        torch.manual_seed(cfg.seed + self.rank)
+        torch.manual_seed(cfg.seed + self.dp_rank)  # one stream per replica: a tensor group draws alike
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def latest_checkpoint(self) -> Path | None:
@@ -221,12 +228,14 @@ class Trainer:
         from llmpipe.training.engines import surrogate_loss
 
         eng = self.engine
+        if hasattr(eng, "train_batch"):
+            return self.pipeline_step()
         t0 = time.perf_counter()
         lr = self.learning_rate(self.step)
         losses, bad_step, data_s = [], False, 0.0
         for a in range(self.order.accum):
             t_data = time.perf_counter()
-            idx = self.order.indices(self.step, a, self.rank)
+            idx = self.order.indices(self.step, a, self.dp_rank)
             ids, targets = batch(self.source, idx, self.seq_len)
             ids, targets = ids.to(self.device), targets.to(self.device)
             entity = (entity_batch(self.source, idx, self.seq_len).to(self.device)
@@ -246,6 +255,24 @@ class Trainer:
         dt = time.perf_counter() - t0
         rec = self._account(loss_mean, lr, grad_norm, bad_step, dt)
         rec.update(data_wait_s=data_s, data_wait_share=data_s / dt)  # waiting for data: the loader is slow
+        return rec
+
+    def pipeline_step(self) -> dict[str, Any]:
+        """One step of a pipeline engine: the schedule runs every micro-batch of the step at once, so
+        the per-micro-batch ``forward`` hook is not called; a non-finite loss skips the step."""
+        from llmpipe.training.data import batch
+
+        t0 = time.perf_counter()
+        lr = self.learning_rate(self.step)
+        idx = [i for a in range(self.order.accum) for i in self.order.indices(self.step, a, self.dp_rank)]
+        ids, targets = batch(self.source, idx, self.seq_len)
+        data_s = time.perf_counter() - t0
+        loss = self.engine.train_batch(ids.to(self.device), targets.to(self.device))
+        bad = not math.isfinite(loss)  # the same value on every rank (sent from the last stage)
+        grad_norm = self.engine.step(lr, skip=bad)
+        dt = time.perf_counter() - t0
+        rec = self._account(float("nan") if bad else loss, lr, grad_norm, bad, dt)
+        rec.update(data_wait_s=data_s, data_wait_share=data_s / dt)
         return rec
 
     def learning_rate(self, step: int) -> float:
@@ -324,7 +351,8 @@ class Trainer:
         # CPU kernels split their float reductions by thread count: the bits of the weights (and so
         # the stage's bytes for one key) are the same only at the same threads per process
         summary = {"steps": self.step, "nonfinite_steps": self.nonfinite_total, "loss_spikes": self.spikes,
-                   "attention": self.attn, "world_size": self.world, "threads_per_process": torch.get_num_threads()}
+                   "attention": self.attn, "world_size": self.world, "threads_per_process": torch.get_num_threads(),
+                   **({"engine": self.engine.name} if self.cfg.model_parallel > 1 else {})}
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(json.dumps(summary))
         return summary

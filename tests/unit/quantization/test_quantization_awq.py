@@ -191,3 +191,17 @@ def test_sha_of_calibration_depends_on_content() -> None:
     b[1, 2] = -1
     assert array_sha256(a) != array_sha256(b)
     assert array_sha256(a) == hashlib.sha256(a.tobytes() + str(a.shape).encode()).hexdigest()
+
+
+
+def test_the_real_checkpoint_passes_the_vllm_serving_check(awq_run) -> None:  # noqa: ANN001
+    from llmpipe.quantization.readiness import check_checkpoint, checkpoint_quantization
+    from llmpipe.serving.config import DeployConfig
+
+    ctx, stats = awq_run
+    model = ctx.out / "model"
+    scheme, group, ignore = checkpoint_quantization(model)  # read from what llmcompressor wrote
+    assert (scheme, group) == ("awq_w4", stats["group_size"]) == ("awq_w4", 128) and "lm_head" in ignore
+    # hidden 128 / intermediate 256 at groups of 128: Marlin's tiles, so vLLM would serve it (no raise)
+    check_checkpoint(model, DeployConfig(target="gpu", backend="vllm"))
+    check_checkpoint(model, DeployConfig())

@@ -71,3 +71,53 @@ def test_auto_in_the_config_resolves_to_ddp_for_the_tiny_model_and_explicit_wins
     assert "under 10B parameters and a replica fits: DDP" in caplog.text and "GiB per device" in caplog.text
     explicit = TrainConfig(strategy="fsdp2")
     assert resolve(explicit, conf, 128, log) == (explicit, {})
+
+
+def test_a_tensor_parallel_plan_sets_train_parallel_and_pipeline_is_refused() -> None:
+    """13B on one 8-GPU node without checkpointing: tensor parallel 8 (FSDP2 over the replicas);
+    175B on 512 GPUs needs pipeline stages, which this release refuses by name."""
+    import logging
+
+    from transformers import LlamaConfig
+
+    from llmpipe.training.config import TrainConfig
+    from llmpipe.training.strategy import apply
+
+    log = logging.getLogger("test.strategy")
+    conf = LlamaConfig(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                       num_key_value_heads=40)
+    auto = TrainConfig(strategy="auto", launch={"nproc_per_node": 8})
+    cfg, facts = apply(auto, choose(B13, NODE, seq_len=2048, micro_batch=1), conf, log)
+    assert (cfg.strategy, cfg.parallel.tensor, cfg.data_parallel) == ("fsdp2", 8, 1)
+    assert facts["tensor_parallel"] == 8
+    with pytest.raises(ValueError, match="must divide the world size"):
+        apply(TrainConfig(strategy="auto", launch={"nproc_per_node": 4}),
+              choose(B13, NODE, seq_len=2048, micro_batch=1), conf, log)
+    big = choose(B175, Devices(count=512, per_node=8, memory=80 * GB), seq_len=2048, micro_batch=1,
+                 checkpointing=True)
+    with pytest.raises(ValueError, match="pipeline stages combined with tensor or data parallelism are not"):
+        apply(auto, big, conf, log)
+
+
+def test_parallel_tensor_is_checked_against_the_launch_and_the_model() -> None:
+    from llmpipe.training.config import TrainConfig
+    from llmpipe.training.model import llama_config
+    from llmpipe.training.parallel import check_divides
+
+    with pytest.raises(ValueError, match=r"parallel.tensor \(3\) must divide the world size"):
+        TrainConfig(parallel={"tensor": 3})
+    with pytest.raises(ValueError, match="needs strategy fsdp2"):
+        TrainConfig(parallel={"tensor": 2}, launch={"nproc_per_node": 4})
+    with pytest.raises(ValueError, match="not deepspeed"):
+        TrainConfig(strategy="deepspeed", launch={"launcher": "deepspeed"}, parallel={"tensor": 2})
+    assert TrainConfig(strategy="fsdp2", parallel={"tensor": 2}, launch={"nproc_per_node": 4}).data_parallel == 2
+    with pytest.raises(ValueError, match=r"does not divide the model's num_key_value_heads \(2\)"):
+        check_divides(llama_config("tiny", 128, {"num_key_value_heads": 2}), 4)
+    with pytest.raises(ValueError, match="needs parallel.tensor 1 and a world size of 2"):
+        TrainConfig(parallel={"pipeline": 2}, launch={"nproc_per_node": 4})
+    with pytest.raises(ValueError, match="entity loss"):
+        TrainConfig(parallel={"pipeline": 2}, loss={"entity_weight": 2.0})
+    from llmpipe.training.pipeline import check_layers
+
+    with pytest.raises(ValueError, match=r"3 stages do not divide the model's num_hidden_layers \(2\)"):
+        check_layers(llama_config("tiny", 128), 3)
