@@ -51,15 +51,22 @@ class _Masked:
         return (np.asarray(self.source[i][1]) < 4).astype(np.uint8)
 
 
-def _entity_ce(tmp: Path, packed: Path, worker_spec, tiny_train, weight: float | None) -> float:
-    cfg = TrainConfig(**tiny_train(max_steps=30, checkpoint={"every": 0}, launch={"nproc_per_node": 1},
+def _trained(tmp: Path, packed: Path, worker_spec, tiny_train, weight: float | None, masked: bool = True,
+             steps: int = 30) -> Trainer:
+    cfg = TrainConfig(**tiny_train(max_steps=steps, checkpoint={"every": 0}, launch={"nproc_per_node": 1},
                                    loss={"entity_weight": weight}))
     trainer = Trainer(worker_spec(cfg, packed, tmp))
     trainer.setup()
-    trainer.source = _Masked(trainer.source)
-    for step in range(30):
+    if masked:
+        trainer.source = _Masked(trainer.source)
+    for step in range(steps):
         trainer.step = step
         trainer.train_step()
+    return trainer
+
+
+def _entity_ce(tmp: Path, packed: Path, worker_spec, tiny_train, weight: float | None) -> float:
+    trainer = _trained(tmp, packed, worker_spec, tiny_train, weight)
     x, y = zip(*(trainer.source[i] for i in range(len(trainer.source))), strict=True)
     ids, targets = torch.stack(x), torch.stack(y)
     with torch.no_grad():
@@ -73,6 +80,16 @@ def _entity_ce(tmp: Path, packed: Path, worker_spec, tiny_train, weight: float |
 def test_weighting_entity_targets_lowers_their_loss(tmp_path: Path, packed: Path, worker_spec, tiny_train) -> None:
     torch.set_num_threads(1)
     plain = _entity_ce(tmp_path / "plain", packed, worker_spec, tiny_train, None)
-    weighted = _entity_ce(tmp_path / "weighted", packed, worker_spec, tiny_train, 4.0)
-    print(f"entity-target CE after 30 steps: plain {plain:.4f}, entity_weight 4: {weighted:.4f}")
+    weighted = _entity_ce(tmp_path / "weighted", packed, worker_spec, tiny_train, 2.0)
+    print(f"entity-target CE after 30 steps: plain {plain:.4f}, entity_weight 2: {weighted:.4f}")
     assert weighted < plain, (weighted, plain)
+
+
+def test_by_default_the_weights_are_bit_identical_to_training_without_the_feature(
+        tmp_path: Path, packed: Path, worker_spec, tiny_train) -> None:
+    """The default loss on data that carries an entity mask trains exactly the weights of plain data."""
+    torch.set_num_threads(1)
+    with_mask = _trained(tmp_path / "a", packed, worker_spec, tiny_train, None, masked=True, steps=6)
+    without = _trained(tmp_path / "b", packed, worker_spec, tiny_train, None, masked=False, steps=6)
+    a, b = with_mask.engine.model.state_dict(), without.engine.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
