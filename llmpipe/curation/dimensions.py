@@ -227,7 +227,8 @@ def _tf_job(arg: tuple[str, int, str], out_dir: Path) -> dict[str, Any]:
 
 
 @stage("diversity", version=VERSION, inputs=("dedup",), config_field="diversity", flow="data_refresh",
-       requires=lambda cfg: (*CURATION_TEXT, "scipy") if cfg.diversity.enabled else ("matplotlib",),
+       requires=lambda cfg: (*CURATION_TEXT, "scipy", *(("torch", "transformers") if cfg.diversity.encoder else ()))
+       if cfg.diversity.enabled else ("matplotlib",),
        extra="curation")
 def run_diversity(ctx: StageContext) -> dict[str, Any]:
     """Diversity: TF-IDF k-means clusters; semantic near-duplicates inside clusters; cluster caps."""
@@ -242,8 +243,14 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
              for s in shards]
     parts = ctx.cached_map(_tf_job, items, desc="diversity terms")
     x = dv.tfidf([d / dv.TF for d, _ in parts], cfg.features)
-    labels = dv.kmeans(dv.sketch(x, cfg.sketch_dims, cfg.seed), cfg.clusters, cfg.iterations, cfg.seed)
-    dup, best = dv.near_duplicates(x, labels, cfg.threshold)
+    if cfg.encoder:  # the encoder's embeddings decide clusters and duplicates; TF-IDF names the clusters
+        texts = [doc.text for s in shards for doc in iter_documents(s.path)]
+        v = dv.embed(texts, str(resolve_path(ctx, cfg.encoder)), cfg.encoder_max_length, device=cfg.encoder_device)
+        labels = dv.kmeans(v.toarray(), cfg.clusters, cfg.iterations, cfg.seed)
+    else:
+        v = x
+        labels = dv.kmeans(dv.sketch(x, cfg.sketch_dims, cfg.seed), cfg.clusters, cfg.iterations, cfg.seed)
+    dup, best = dv.near_duplicates(v, labels, cfg.threshold)
     ids = [doc.id for s in shards for doc in iter_documents(s.path)]
     flat, cap = dv.decide(labels, dup, best, cfg.max_cluster_share, ids)
     sizes = [st["docs"] for _, st in parts]
@@ -261,7 +268,7 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
     _plot_clusters(rows, ctx.out / CLUSTERS_PNG)
     ctx.report_table("diversity-clusters", "diversity: clusters (size, removed, top terms)", rows)
     ctx.report_image("diversity-clusters-chart", "diversity: documents per cluster", ctx.out / CLUSTERS_PNG)
-    return stage_stats(funnel, len(shards), clusters=k, cap=cap,
+    return stage_stats(funnel, len(shards), clusters=k, cap=cap, vectors="encoder" if cfg.encoder else "tfidf",
                        **{f"rejected_{r}": n for r, n in funnel["rejected"].items()})
 
 

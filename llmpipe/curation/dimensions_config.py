@@ -139,6 +139,10 @@ class DiversityConfig(Section):
     max_cluster_share: float | None = Field(None, description="most of the kept documents one cluster may hold "
                                             "(earliest kept); None = no cap")
     top_terms: int = Field(8, ge=1, description="terms reported per cluster")
+    encoder: str | None = Field(None, description="a sentence-embedding or encoder checkpoint folder "
+                                "(transformers AutoModel): its mean-pooled states instead of TF-IDF vectors")
+    encoder_max_length: int = Field(256, ge=8, description="encoder: tokens read per document (its first ones)")
+    encoder_device: str = run_setting("cpu", description="encoder: torch device")
 
     @field_validator("threshold", "max_cluster_share")
     @classmethod

@@ -13,6 +13,10 @@ MinHash shingles. Then ``max_cluster_share`` caps each cluster: the largest per-
 with ``c <= share * sum(min(n_k, c))`` holds for the output, and a cluster's later documents over
 ``c`` are rejected as ``cluster_cap``.
 
+With ``diversity.encoder`` (a sentence-embedding or encoder checkpoint by path), the documents'
+mean-pooled encoder states replace the TF-IDF vectors for clustering and the duplicate step (the
+cluster report's top terms still come from TF-IDF).
+
 Feature hashing uses CRC-32 of the UTF-8 n-gram (never Python's salted ``hash``), so the same
 documents give the same vectors, clusters and decisions in every process and run.
 """
@@ -233,3 +237,27 @@ def top_terms(x: Any, labels: np.ndarray, k: int, texts_of: Any, features: int, 
                     names[h][t] += 1
         out.append([names[i].most_common(1)[0][0] for i in top if names[i]])
     return out
+
+
+def embed(texts: Sequence[str], model_dir: str, max_length: int = 256, batch_size: int = 32,
+          device: str = "cpu") -> Any:
+    """Mean-pooled, L2-normalized token states of an encoder checkpoint (``AutoModel`` by path), as a
+    sparse matrix so that clustering and the duplicate step take it like the TF-IDF vectors."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).to(device).eval()
+    max_length = min(max_length, getattr(model.config, "max_position_embeddings", max_length) or max_length,
+                     tok.model_max_length or max_length)  # never past what the encoder can read
+    rows = []
+    with torch.no_grad():
+        for i in range(0, len(texts), batch_size):
+            enc = tok(list(texts[i:i + batch_size]), padding=True, truncation=True, max_length=max_length,
+                      return_tensors="pt").to(device)
+            states = model(**enc).last_hidden_state.float()
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            mean = (states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+            rows.append(torch.nn.functional.normalize(mean, dim=-1).cpu().numpy().astype(np.float64))
+    dense = np.concatenate(rows) if rows else np.zeros((0, 1))
+    return sparse.csr_matrix(dense)

@@ -81,3 +81,27 @@ def test_cap_is_the_largest_that_holds() -> None:
     assert cluster_cap([100, 10, 10], 0.5) == 20  # 20 <= 0.5 * (20 + 10 + 10)
     assert cluster_cap([5, 5], 0.5) == 5
     assert cluster_cap([100], 0.5) == 0  # one cluster can never hold half
+
+
+def test_an_encoder_checkpoint_by_path_replaces_the_tfidf_vectors(tmp_path: Path) -> None:
+    """The wiring of ``diversity.encoder``: a real ``from_pretrained`` encoder (the tiny BERT the NER tests
+    train) embeds the documents; copies that differ only in spacing embed identically and are removed,
+    distinct pages are kept. (A randomly-initialised tiny encoder says nothing about paraphrases: that
+    takes a real sentence-embedding model, which the tests cannot download.)"""
+    from tests.fixtures.tiny_ner import make_tiny_ner
+
+    encoder = make_tiny_ner(tmp_path / "encoder", steps=30)
+    texts = [t for _, t in sorted(topics.items()) if len(t.split()) > 150][:30]
+    docs = [Document(f"orig-{i:02d}", t, "docs", {"lang": "en"}) for i, t in enumerate(texts)]
+    docs += [Document(f"copy-{i:02d}", "  ".join(t.split()), "docs", {"lang": "en"}) for i, t in enumerate(texts[:5])]
+    cfg = DiversityConfig(enabled=True, clusters=4, threshold=0.99999, encoder=str(encoder))
+    stats, out = run_stage("diversity", cfg, docs, tmp_path / "div", shards=1)
+    kept, rejected = _read(out)
+    assert sorted(d.id for d in rejected) == [f"copy-{i:02d}" for i in range(5)]
+    assert {d.id for d in kept} == {f"orig-{i:02d}" for i in range(30)}
+    assert stats["docs_in"] == 35 == stats["docs_kept"] + sum(stats["rejected"].values())
+    assert stats["vectors"] == "encoder"
+    # the encoder's geometry, not TF-IDF's (where distinct pages stay under 0.9, see above); the first
+    # document of each cluster has no earlier one (0.0)
+    sims = sorted(d.metadata["scores"]["diversity"]["max_similarity"] for d in kept)
+    assert sims[len(sims) // 2] > 0.9, sims
