@@ -68,6 +68,15 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor | No
     return entity_loss(logits, targets, entity, cfg.loss)
 
 
+def set_lr_or_skip(optimizer: torch.optim.Optimizer, lr: float, skip: bool) -> bool:
+    """Set this step's learning rate; on a skipped step drop the gradients instead. True: go on and step."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    if skip:
+        optimizer.zero_grad(set_to_none=True)
+    return not skip
+
+
 def surrogate_loss(logits: torch.Tensor) -> torch.Tensor:
     """A zero loss wired to the same graph: backward runs every collective with zero gradients.
 
@@ -117,10 +126,7 @@ class Engine:
 
     def step(self, lr: float, skip: bool) -> float:
         """Apply (or skip) the accumulated gradients; return the global grad norm (before clipping)."""
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        if skip:
-            self.optimizer.zero_grad(set_to_none=True)
+        if not set_lr_or_skip(self.optimizer, lr, skip):
             return float("nan")
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -282,10 +288,7 @@ class TensorParallelEngine(DCPEngine):
         """As the base, with a grad norm over DTensor and plain gradients (``parallel.clip_grad_norm``)."""
         from llmpipe.training.parallel import clip_grad_norm
 
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        if skip:
-            self.optimizer.zero_grad(set_to_none=True)
+        if not set_lr_or_skip(self.optimizer, lr, skip):
             return float("nan")
         clip = self.cfg.optimizer.grad_clip
         norm = clip_grad_norm(self.module.parameters(), clip if clip > 0 else float("inf"))

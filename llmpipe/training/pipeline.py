@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from llmpipe.training.config import TrainConfig
-from llmpipe.training.engines import Engine, param_groups, token_loss
+from llmpipe.training.engines import Engine, param_groups, set_lr_or_skip, token_loss
 
 
 class StageModule(torch.nn.Module):
@@ -95,10 +95,7 @@ class PipelineEngine(Engine):
 
     def step(self, lr: float, skip: bool) -> float:
         """The global grad norm is the root of the stages' summed squares; clip, then step."""
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        if skip:
-            self.optimizer.zero_grad(set_to_none=True)
+        if not set_lr_or_skip(self.optimizer, lr, skip):
             return float("nan")
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         sq = torch.stack([torch.linalg.vector_norm(g) ** 2 for g in grads]).sum()

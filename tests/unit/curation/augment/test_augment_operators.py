@@ -18,14 +18,7 @@ from llmpipe.curation.augment.operators import (
 )
 from llmpipe.curation.augment.stage import augment_documents, run_augment
 from llmpipe.document import Document, read_shard, write_shard
-
-EN = [
-    "The quick brown fox jumps over the lazy dog. It was a happy day in the big city.",
-    "Maria Lopez said that 42 children played in the park. They were very happy and fast.",
-    "A small house stood near the old river. The people there often help each other.",
-    "Paris is a beautiful city. Many people visit it every year. It has 20 districts.",
-]
-ZH = ["今天天气很好。我们非常高兴。孩子们在公园里玩。", "这个城市很美丽，许多人来这里旅游。老师和学生都很快乐。"]
+from tests.unit.curation.augment.conftest import EN, ZH
 
 
 def _docs() -> list[Document]:
