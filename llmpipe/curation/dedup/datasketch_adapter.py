@@ -7,7 +7,8 @@ form (or none fast enough for a whole index), and live here:
 
 - :func:`optimal_params` when datasketch's optimum has fewer than 2 bands: the ``MinHashLSH``
   constructor computes (b, r) itself but then refuses b < 2, which the external backend can use;
-  only then is the private ``datasketch.lsh._optimal_param`` called.
+  only then does :func:`weighted_error_optimum` search the same grid with the same integrals
+  (the LSH S-curve's false-positive area below the threshold and false-negative area above it).
 - :func:`bulk_insert`: replaying a delta inserts millions of (band, document) entries; going
   through ``MinHashLSH.insert`` builds a ``LeanMinHash`` and byteswaps every band separately per
   document. We compute the bucket keys for all documents with one numpy byteswap instead, which
@@ -34,17 +35,32 @@ def optimal_params(threshold: float, num_perm: int, fp_weight: float, fn_weight:
     """datasketch's (bands, rows) minimizing ``fp_weight * P(fp) + fn_weight * P(fn)``.
 
     The public constructor computes it; it raises ``ValueError`` only for an optimum with b < 2 or
-    weights whose float sum is not exactly 1.0 (the config allows 1e-9), and for those the same
-    private function the constructor calls gives the answer.
+    weights whose float sum is not exactly 1.0 (the config allows 1e-9), and for those
+    :func:`weighted_error_optimum` (pinned to the constructor's answers by a test) gives it.
     """
     try:
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp_weight, fn_weight))
     except ValueError:
-        from datasketch.lsh import _optimal_param  # the constructor's own computation
-
-        b, r = _optimal_param(threshold, num_perm, fp_weight, fn_weight)
-        return int(b), int(r)
+        return weighted_error_optimum(threshold, num_perm, fp_weight, fn_weight)
     return int(lsh.b), int(lsh.r)
+
+
+def weighted_error_optimum(threshold: float, num_perm: int, fp_weight: float, fn_weight: float
+                           ) -> tuple[int, int]:
+    """The (bands, rows) with ``b * r <= num_perm`` minimizing ``fp_weight * FP + fn_weight * FN``, where
+    a pair of similarity ``s`` collides with probability ``1 - (1 - s**r)**b``: FP is that curve's area
+    below ``threshold``, FN the area above it of the miss probability (MinHashLSH's own criterion)."""
+    from scipy.integrate import quad
+
+    best, opt = float("inf"), (0, 0)
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            fp = quad(lambda s, b=b, r=r: 1 - (1 - s ** float(r)) ** float(b), 0.0, threshold)[0]
+            fn = quad(lambda s, b=b, r=r: (1 - s ** float(r)) ** float(b), threshold, 1.0)[0]
+            error = fp * fp_weight + fn * fn_weight
+            if error < best:
+                best, opt = error, (b, r)
+    return opt
 
 
 def lean(row: np.ndarray, seed: int) -> LeanMinHash:

@@ -13,7 +13,6 @@ import weakref
 import numpy as np
 import pytest
 from datasketch import MinHashLSH
-from datasketch import lsh as ds_lsh
 
 from llmpipe.curation.dedup import datasketch_adapter as ds
 from llmpipe.curation.dedup.lsh import lsh_params
@@ -36,10 +35,8 @@ def _contents(lsh: MinHashLSH) -> tuple[list[dict], dict]:
 def test_optimal_params_are_minhashlsh_own(threshold: float, num_perm: int, fp: float, fn: float) -> None:
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp, fn))
     assert ds.optimal_params(threshold, num_perm, fp, fn) == (lsh.b, lsh.r)
-    assert hasattr(ds_lsh, "_optimal_param"), (
-        "datasketch removed lsh._optimal_param: optimal_params' fallback for b < 2 optima needs a new source")
-    assert tuple(ds_lsh._optimal_param(threshold, num_perm, fp, fn)) == (lsh.b, lsh.r), (
-        "datasketch's _optimal_param no longer gives MinHashLSH's own (b, r): fix optimal_params' fallback")
+    assert ds.weighted_error_optimum(threshold, num_perm, fp, fn) == (lsh.b, lsh.r), (
+        "MinHashLSH no longer picks the weighted-error optimum: fix optimal_params' fallback for b < 2")
 
 
 def test_default_config_params_unchanged() -> None:
@@ -62,7 +59,7 @@ def test_bucket_keys_are_what_insert_stores(params: tuple[int, int]) -> None:
     per_band = ds.bucket_keys(lsh, sigs)
     got = [[per_band[band][k] for band in range(lsh.b)] for k in range(len(sigs))]
     assert got == [list(lsh.keys.get(k)) for k in range(len(sigs))], (
-        "datasketch changed its bucket key format (MinHashLSH._H of a band's hash values): fix bucket_keys")
+        "datasketch changed its bucket key format (a band's hash values, byteswapped): fix bucket_keys")
 
 
 def test_bulk_insert_equals_insert() -> None:
