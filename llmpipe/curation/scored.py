@@ -36,7 +36,7 @@ from llmpipe.document import (
     iter_documents,
     write_shard,
 )
-from llmpipe.files import link_file
+from llmpipe.files import jsonl_values, link_file
 from llmpipe.lazy import lazy_import
 from llmpipe.stage import StageContext
 from llmpipe.store import hash_json
@@ -161,19 +161,13 @@ def read_texts(path: Path, what: str) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{what}: no file at {path}")
     out: list[str] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from e
+    if path.suffix == ".jsonl":
+        for where, rec in jsonl_values(path):
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                raise ValueError(f"{path}:{n}: needs a string 'text' field")
+                raise ValueError(f"{where}: needs a string 'text' field")
             out.append(rec["text"])
-        else:
-            out.append(line)
+    else:
+        out = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not out:
         raise ValueError(f"{what}: {path} holds no documents")
     return out

@@ -18,7 +18,6 @@ measure one run, so the stages put them in the manifest's stats, never in ``resu
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from llmpipe.files import jsonl_values
 
 LN2 = math.log(2.0)
 
@@ -228,14 +229,7 @@ def load_task(path: str | Path, limit: int | None = None) -> list[dict[str, Any]
     if not path.is_file():
         raise FileNotFoundError(f"evaluate.tasks: no task file at {path}")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            ex = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e.msg})") from e
+    for where, ex in jsonl_values(path):
         if not isinstance(ex, dict) or not isinstance(ex.get("context"), str):
             raise ValueError(f"{where}: needs a string 'context'")
         ch = ex.get("choices")

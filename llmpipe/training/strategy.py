@@ -195,13 +195,14 @@ def resolve(cfg: Any, model_config: Any, seq_len: int, log: Any) -> tuple[Any, d
     """
     if cfg.strategy != "auto":
         return cfg, {}
-    plan = choose(ModelShape.of_llama(model_config), job_devices(cfg.launch), seq_len=seq_len,
+    devices = job_devices(cfg.launch)
+    plan = choose(ModelShape.of_llama(model_config), devices, seq_len=seq_len,
                   micro_batch=cfg.micro_batch_size, precision=cfg.precision,
                   checkpointing=cfg.gradient_checkpointing)
     log.info("train.strategy auto: %s", plan.describe())
     if not plan.fits:
         log.warning("train.strategy auto: the estimate does not fit in %.0f GiB per device; trying anyway",
-                    HEADROOM * job_devices(cfg.launch).memory / GB)
+                    HEADROOM * devices.memory / GB)
     return apply(cfg, plan, model_config, log)
 
 
