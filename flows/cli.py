@@ -153,7 +153,7 @@ def cmd_lr_find(args: argparse.Namespace) -> int:
     """Sweep the learning rate on the config's model and data; write the curve; suggest an lr."""
     from llmpipe.dag import MissingInput, open_store, plan, state_dir
     from llmpipe.tokenization.layout import TOKENIZE
-    from llmpipe.training.lr_finder import plot, sweep
+    from llmpipe.training.lr_finder import find, plot
     from llmpipe.training.stage import resolve_deepspeed, vocab_size_of
 
     cfg = _load(args)
@@ -163,14 +163,15 @@ def cmd_lr_find(args: argparse.Namespace) -> int:
         if art is None:
             raise MissingInput(f"lr-find needs the {name} artifact of this config; run "
                                f"`llmpipe run {args.config} --until tokenize` first")
-    # one process: the sweep's question (which lr) does not depend on how the model is sharded
-    train = resolve_deepspeed(cfg.train, cfg.base_dir()).model_copy(update={"strategy": "ddp"})
+    # the same sweep as train.lr_find in the pretrain stage: one process, train.lr_find's settings
+    # unless the flags say otherwise
+    train = resolve_deepspeed(cfg.train, cfg.base_dir())
     data = Path(arts["tokenize"].path)
     seq_len = train.seq_len or json.loads((data / TOKENIZE.index).read_text())["seq_len"]
     out = state_dir(cfg) / "lr-find" / planned["pretrain"].key[:12]
     out.mkdir(parents=True, exist_ok=True)
-    result = sweep(train, data, seq_len, vocab_size_of(Path(arts["tokenizer"].path)), min_lr=args.min_lr,
-                   max_lr=args.max_lr, steps=args.steps, work_dir=out)
+    result = find(train, data, seq_len, vocab_size_of(Path(arts["tokenizer"].path)), out, min_lr=args.min_lr,
+                  max_lr=args.max_lr, steps=args.steps)
     (out / "lr_find.json").write_text(result.to_json())
     plot(result, out / "lr_find.png")
     print(f"suggested learning rate: {result.suggested_lr:.3g} ({result.rule}; {len(result.lrs)} steps from "
@@ -330,9 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     lf = sub.add_parser("lr-find", help="sweep the learning rate on the config's model and data, suggest one")
     lf.add_argument("config")
     lf.add_argument("overrides", nargs="*")
-    lf.add_argument("--steps", type=int, default=100, help="sweep length (default %(default)s)")
-    lf.add_argument("--min-lr", type=float, default=1e-5, help="first learning rate (default %(default)g)")
-    lf.add_argument("--max-lr", type=float, default=1.0, help="last learning rate (default %(default)g)")
+    lf.add_argument("--steps", type=int, default=None, help="sweep length (default: train.lr_find.steps, 100)")
+    lf.add_argument("--min-lr", type=float, default=None,
+                    help="first learning rate (default: train.lr_find.min_lr, 1e-05)")
+    lf.add_argument("--max-lr", type=float, default=None, help="last learning rate (default: train.lr_find.max_lr, 1)")
     lf.set_defaults(func=cmd_lr_find)
 
     s = sub.add_parser("status", help="each stage of a config: cached or not, key, size")

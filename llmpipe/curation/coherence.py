@@ -30,7 +30,7 @@ from typing import Any
 
 from llmpipe.curation.arpa import write_arpa
 from llmpipe.curation.scored import Decision
-from llmpipe.document import iter_documents
+from llmpipe.document import iter_documents, iter_rows
 from llmpipe.lazy import lazy_import
 
 np = lazy_import("numpy")
@@ -114,10 +114,10 @@ def score_kenlm_shard(shard: str, payload: dict[str, Any]) -> list[dict[str, Any
     """Per document: ``{"lang", "perplexity", "tokens"}`` (perplexity None: no model or no words)."""
     models, sp, default_lang = payload["models"], payload["sentencepiece"], payload["default_lang"]
     out = []
-    for doc in iter_documents(shard):
-        lang = _lang(doc.metadata, default_lang)
+    for text, meta in iter_rows(shard, ("text", "metadata")):  # no Document per row: the model's work only
+        lang = _lang(meta, default_lang)
         path = models.get(lang)
-        ppl, n = (None, 0) if path is None else kenlm_perplexity(load_kenlm(path), doc.text, lang, sp.get(lang))
+        ppl, n = (None, 0) if path is None else kenlm_perplexity(load_kenlm(path), text, lang, sp.get(lang))
         out.append({"lang": lang, "perplexity": None if ppl is None else round(ppl, 4), "tokens": n})
     return out
 
@@ -192,7 +192,11 @@ def _lang(meta: dict[str, Any], default: str) -> str:
 def decide(scores: list[list[dict[str, Any]]], metric: str, cfg: Any
            ) -> tuple[list[list[Decision]], dict[str, tuple[float, float]]]:
     """Buckets or thresholds per language, from the stored scores only (re-appliable without the model);
-    also the two cuts per language (the scores at the ``buckets`` percentiles of this run)."""
+    also the two cuts per language (the scores at the ``buckets`` percentiles of this run).
+
+    A handful of outcomes (bucket x reason) covers every document: each is one shared, read-only
+    :class:`Decision`, not three objects per document.
+    """
     by_lang: dict[str, list[float]] = {}
     for shard in scores:
         for s in shard:
@@ -200,7 +204,16 @@ def decide(scores: list[list[dict[str, Any]]], metric: str, cfg: Any
                 by_lang.setdefault(s["lang"], []).append(s[metric])
     cuts = {lang: tuple(float(x) for x in np.percentile(np.asarray(v, dtype=np.float64), cfg.buckets))
             for lang, v in by_lang.items()}
-    return [[_decide_one(s, metric, cfg, cuts) for s in shard] for shard in scores], cuts
+    outcomes: dict[tuple[str | None, str | None], Decision] = {}
+
+    def outcome(reason: str | None, bucket: str | None) -> Decision:
+        d = outcomes.get((reason, bucket))
+        if d is None:
+            d = outcomes[(reason, bucket)] = Decision(reason, scores={"bucket": bucket})
+        return d
+
+    rule = _rule(cfg, cuts)
+    return [[outcome(*rule(s[metric], s["lang"])) for s in shard] for shard in scores], cuts
 
 
 def bucket_of(value: float, cuts: tuple[float, float]) -> str:
@@ -208,14 +221,19 @@ def bucket_of(value: float, cuts: tuple[float, float]) -> str:
     return "head" if value <= cuts[0] else "tail" if value > cuts[1] else "middle"
 
 
-def _decide_one(s: dict[str, Any], metric: str, cfg: Any, cuts: dict[str, tuple[float, float]]) -> Decision:
-    value, lang = s[metric], s["lang"]
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return Decision(None if cfg.unscored == "keep" else "coherence_unscored", scores={"bucket": None})
-    bucket = bucket_of(value, cuts[lang])
-    extra = {"bucket": bucket}
-    if cfg.rule == "threshold":
-        limit = cfg.max_score.get(lang, cfg.default_max_score)
-        return Decision(None if limit is None or value <= limit else "low_coherence", scores=extra)
-    keep = cfg.keep.get(lang, cfg.default_keep)
-    return Decision(None if bucket in keep else f"coherence_{bucket}", scores=extra)
+def _rule(cfg: Any, cuts: dict[str, tuple[float, float]]) -> Any:
+    """``(value, lang) -> (reject reason or None, bucket or None)`` for one document."""
+    unscored = None if cfg.unscored == "keep" else "coherence_unscored"
+    threshold = cfg.rule == "threshold"
+
+    def one(value: Any, lang: str) -> tuple[str | None, str | None]:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return unscored, None
+        bucket = bucket_of(value, cuts[lang])
+        if threshold:
+            limit = cfg.max_score.get(lang, cfg.default_max_score)
+            return (None if limit is None or value <= limit else "low_coherence"), bucket
+        keep = cfg.keep.get(lang, cfg.default_keep)
+        return (None if bucket in keep else f"coherence_{bucket}"), bucket
+
+    return one

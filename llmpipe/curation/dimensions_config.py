@@ -166,7 +166,8 @@ class TimelinessConfig(Section):
         None, description="the date ages are measured from (never the clock: the key must not change daily)")
     max_age_days: int | None = Field(None, gt=0, description="drop documents older than this (reason `stale`)")
     half_life_days: float | None = Field(
-        None, gt=0, description="metadata `recency_weight` = 0.5 ** (age / half_life) for sampling")
+        None, gt=0, description="metadata `recency_weight` = 0.5 ** (age / half_life): tokenize "
+                             "multiplies the document's train sampling factor by it (`tokenize.recency_weighting`)")
     undated: Literal["keep", "drop"] = Field("keep", description="documents with no date")
     undated_weight: float = Field(1.0, ge=0, description="recency_weight of undated documents")
     min_year: int = Field(1990, description="earlier dates found in text are not taken as dates")

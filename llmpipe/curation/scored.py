@@ -32,16 +32,23 @@ from llmpipe.document import (
     REJECTED,
     SHARDS,
     InputShard,
+    dump_metadata,
     input_shards,
-    iter_documents,
+    load_metadata,
+    shard_schema,
     write_shard,
+    write_table,
 )
 from llmpipe.files import jsonl_values, link_file
 from llmpipe.lazy import lazy_import
 from llmpipe.stage import StageContext
 from llmpipe.store import hash_json
 
+pa = lazy_import("pyarrow")
 pq = lazy_import("pyarrow.parquet")
+# ids, texts and metadata (with the scores) are unique per row: a dictionary for them only costs time,
+# in the writer and in every reader downstream
+DICTIONARY_COLUMNS = ("source",)
 SCORES = "scores.json"  # per shard, in the shard cache: the score dicts of its documents in row order
 
 
@@ -57,8 +64,20 @@ class Decision:
 def _score_job(arg: tuple[Callable[[str, Any], list[dict[str, Any]]], str, Any], out_dir: Path) -> dict[str, Any]:
     fn, shard, payload = arg
     scores = fn(shard, payload)
-    (out_dir / SCORES).write_text(json.dumps(scores, sort_keys=True, ensure_ascii=False))
+    (out_dir / SCORES).write_bytes(_dump_scores(scores))
     return {"docs": len(scores)}
+
+
+def _dump_scores(scores: list[dict[str, Any]]) -> bytes:
+    """A shard's scores as JSON (sorted keys). orjson writes it ~8x faster than json and, like
+    :func:`llmpipe.document.dump_metadata` for the scores stored on the documents, writes a NaN as
+    null: the decide step sees what a re-applied rule later reads off the documents."""
+    try:
+        import orjson
+
+        return orjson.dumps(scores, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except (ImportError, TypeError):  # no orjson, or a value it cannot write (an int past 64 bits)
+        return json.dumps(scores, sort_keys=True, ensure_ascii=False).encode()
 
 
 def score_shards(ctx: StageContext, shards: Sequence[InputShard], fn: Callable[[str, Any], list[dict[str, Any]]],
@@ -71,29 +90,54 @@ def score_shards(ctx: StageContext, shards: Sequence[InputShard], fn: Callable[[
     items = [(hash_json([ctx.name, ctx.spec.version, "score", key, s.sha256]), (fn, str(s.path), payload))
              for s in shards]
     results = ctx.cached_map(_score_job, items, desc=desc)
-    return [json.loads((d / SCORES).read_text()) for d, _ in results]
+    return [_read_scores(d / SCORES) for d, _ in results]
+
+
+def _read_scores(path: Path) -> list[dict[str, Any]]:
+    """A shard's scores file: orjson reads it 2-3x faster; json for what orjson refuses (NaN)."""
+    data = path.read_bytes()
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover
+        return json.loads(data)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def _write_job(job: tuple[str, str, str, str, list[dict[str, Any]], list[Decision]]) -> dict[str, Any]:
-    """One shard's kept and rejected files, scores in metadata; its funnel."""
+    """One shard's kept and rejected files, scores in metadata; its funnel.
+
+    Only the metadata column goes through Python (parsed, scores added, dumped again); ids, texts
+    and sources stay Arrow columns, filtered into the two files: the same rows as writing
+    :class:`Document` objects, without turning every text into a Python string and back.
+    """
     src, out, name, stage_name, scores, decisions = job
-    kept, rejected = [], []
+    table = pq.read_table(src, columns=["id", "text", "source", "metadata"], use_threads=False)  # workers: parallel
+    if table.num_rows != len(scores):
+        raise RuntimeError(f"{stage_name}: {src}: {len(scores)} scores for {table.num_rows} documents")
+    metas, keep = [], []
     reasons: Counter[str] = Counter()
-    for doc, sc, dec in zip(iter_documents(src), scores, decisions, strict=True):
-        doc.metadata.setdefault("scores", {})[stage_name] = {**sc, **dec.scores}
-        doc.metadata.update(dec.meta)
-        if dec.reason is None:
-            kept.append(doc)
-            continue
-        doc.metadata["reject_reason"] = dec.reason
-        doc.metadata["rejected_by"] = stage_name
-        reasons[dec.reason] += 1
-        rejected.append(doc)
-    write_shard(Path(out) / SHARDS / name, kept)
-    write_shard(Path(out) / REJECTED / name, rejected)
-    n = len(kept) + len(rejected)
-    return {"in": n, "kept": len(kept), "rejected": dict(reasons),
-            "filters": {stage_name: {"in": n, "out": len(kept)}}}
+    for m, sc, dec in zip(table.column("metadata").to_pylist(), scores, decisions, strict=True):
+        meta = load_metadata(m)
+        meta.setdefault("scores", {})[stage_name] = {**sc, **dec.scores} if dec.scores else sc
+        if dec.meta:
+            meta.update(dec.meta)
+        if dec.reason is not None:
+            meta["reject_reason"] = dec.reason
+            meta["rejected_by"] = stage_name
+            reasons[dec.reason] += 1
+        keep.append(dec.reason is None)
+        metas.append(dump_metadata(meta))
+    table = pa.Table.from_arrays([*table.columns[:3], pa.array(metas, pa.string())], schema=shard_schema())
+    kept = table.filter(pa.array(keep, pa.bool_()))
+    write_table(Path(out) / SHARDS / name, kept, dictionary=DICTIONARY_COLUMNS)
+    write_table(Path(out) / REJECTED / name, table.filter(pa.array([not k for k in keep], pa.bool_())),
+                dictionary=DICTIONARY_COLUMNS)
+    n = table.num_rows
+    return {"in": n, "kept": kept.num_rows, "rejected": dict(reasons),
+            "filters": {stage_name: {"in": n, "out": kept.num_rows}}}
 
 
 def write_decisions(ctx: StageContext, shards: Sequence[InputShard], scores: list[list[dict[str, Any]]],

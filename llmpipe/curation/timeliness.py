@@ -12,8 +12,8 @@ documents until the stage reruns (the per-shard scores are keyed by the dates re
 
 Ages are measured from ``reference_date`` in the config, never from the clock: the stage key, and
 so the cache, must not change from one day to the next. ``max_age_days`` rejects older documents as
-``stale``; ``half_life_days`` writes ``metadata["recency_weight"] = 0.5 ** (age / half_life)``
-for sampling; undated documents are kept (weight ``undated_weight``) or rejected as ``undated``.
+``stale``; ``half_life_days`` writes ``metadata["recency_weight"] = 0.5 ** (age / half_life)``,
+which the tokenize stage multiplies into the document's train sampling factor; undated documents are kept (weight ``undated_weight``) or rejected as ``undated``.
 """
 
 from __future__ import annotations

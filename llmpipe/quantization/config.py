@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config_base import Section, run_setting
 
@@ -55,3 +55,12 @@ class QuantizeConfig(Section):
         if v & (v - 1):
             raise ValueError(f"must be a power of two, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _grid(self) -> QuantizeConfig:
+        # llm-compressor's AWQ grid divides by n_grid - 1 (duo_scaling false), n_grid - 2 (true) or
+        # n_grid // 2 - 1 ("both"): below these it fails mid-calibration with ZeroDivisionError
+        least = {False: 2, True: 3, "both": 4}[self.duo_scaling]
+        if self.n_grid < least:
+            raise ValueError(f"n_grid must be >= {least} with duo_scaling {self.duo_scaling!r}, got {self.n_grid}")
+        return self

@@ -72,6 +72,7 @@ class TextClient:
         self.timeout_s = timeout_s
         self._responses: queue.Queue[tuple[float, Any, Any]] | None = None  # the open gRPC stream's
         self._request_seq = 0
+        self._outputs = [self.mod.InferRequestedOutput(n) for n in ("text", "output_ids")]
 
     def close(self) -> None:
         if self._responses is not None:
@@ -92,8 +93,14 @@ class TextClient:
         return t
 
     def infer(self, inputs: list[Any]) -> Any:
-        outputs = [self.mod.InferRequestedOutput(n) for n in ("text", "output_ids")]
-        return self.client.infer(self.model, inputs, outputs=outputs)
+        return self.client.infer(self.model, inputs, outputs=self._outputs)
+
+    def prepare(self, prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 16,
+                temperature: float = 0.0) -> list[Any]:
+        """One request's input tensors, to send as often as needed (``generate(prepared=...)``,
+        ``stream(prepared=...)``): a load test repeats its requests, and building the tensors anew
+        each time costs the client, on the server's cores, as much CPU as sending them."""
+        return self._inputs(prompt, input_ids, max_tokens, temperature)
 
     def _inputs(self, prompt: str | None, input_ids: list[int] | None, max_tokens: int,
                 temperature: float) -> list[Any]:
@@ -108,9 +115,10 @@ class TextClient:
         return inputs
 
     def generate(self, prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 16,
-                 temperature: float = 0.0) -> Generation:
-        """Generate from a prompt or token ids; raises tritonclient's InferenceServerException on errors."""
-        res = self.infer(self._inputs(prompt, input_ids, max_tokens, temperature))
+                 temperature: float = 0.0, prepared: list[Any] | None = None) -> Generation:
+        """Generate from a prompt or token ids (or a ``prepare``d request); raises tritonclient's
+        InferenceServerException on errors."""
+        res = self.infer(prepared if prepared is not None else self._inputs(prompt, input_ids, max_tokens, temperature))
         text, ids = res.as_numpy("text"), res.as_numpy("output_ids")
         if text is None or ids is None:  # Triton 2.51's response cache keeps a refused request's error
             raise _server_error(f"{self.model} answered without outputs: with the response cache on, Triton "
@@ -120,7 +128,7 @@ class TextClient:
 
     # -- streaming ----------------------------------------------------------------------------------
     def stream(self, prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 16,
-               temperature: float = 0.0) -> Iterator[Chunk]:
+               temperature: float = 0.0, prepared: list[Any] | None = None) -> Iterator[Chunk]:
         """The answer of a streaming model, one Chunk per token as it arrives; the last is ``final``
         (over HTTP an empty one: server-sent events mark no last response, the stream just ends).
 
@@ -128,7 +136,10 @@ class TextClient:
         Read the iterator to its end before the next request on this client.
         """
         if self.protocol == "grpc":
-            return self._stream_grpc(self._inputs(prompt, input_ids, max_tokens, temperature))
+            return self._stream_grpc(prepared if prepared is not None else
+                                     self._inputs(prompt, input_ids, max_tokens, temperature))
+        if prepared is not None:
+            raise ValueError("stream(prepared=...) is for gRPC: over HTTP a request is a JSON body")
         body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
         if prompt is not None:  # UINT8 bytes as a JSON array: generate_stream makes strings BYTES
             body["prompt"] = list(prompt.encode("utf-8"))
@@ -143,8 +154,7 @@ class TextClient:
                 callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
             self._responses = responses
         self._request_seq += 1
-        outputs = [self.mod.InferRequestedOutput(n) for n in ("text", "output_ids")]
-        self.client.async_stream_infer(self.model, inputs, outputs=outputs, request_id=str(self._request_seq),
+        self.client.async_stream_infer(self.model, inputs, outputs=self._outputs, request_id=str(self._request_seq),
                                        enable_empty_final_response=True)
         while True:
             try:

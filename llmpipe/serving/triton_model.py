@@ -21,9 +21,10 @@ look the way they do:
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ CHECKPOINT_DIR = "checkpoint"
 SETTINGS_FILE = "llmpipe_serving.json"
 ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an error, by reason
 TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
+CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
 
 # on_token(row, token id, last): called once per new token of each request, ``last`` on its final one
 TokenCallback = Callable[[int, int, bool], None]
@@ -75,44 +77,78 @@ class Limits:
                                                 "default_max_tokens") if k in data})
 
 
-class _StepFanout:
-    """Turns generate's per-step token batches into per-request ``on_token`` calls.
+def _masks(keep: torch.Tensor, steps: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive 4D attention masks for a left-padded batch: the prompt's (causal, pads hidden) and one
+    for all decode steps (slice ``[..., :length]``), built once per batch.
 
-    ``generate`` calls ``put`` with the prompt first, then with one token per row each step. A row
-    stops receiving once it has its ``max_tokens`` or an end-of-sequence token, so a short answer is
-    complete (its final response sent) while longer neighbours in the batch still generate.
+    ``forward`` takes a prepared 4D mask as is (transformers' documented custom-mask input), so no step
+    rebuilds the mask from the 2D padding mask (a fifth of a padded batch's decode time at hidden 64).
+    A pad position attends to itself only: no query row is fully masked (NaN), and
+    no real token ever attends to a pad.
     """
+    n, width = keep.shape
+    low = torch.finfo(dtype).min
+    eye = torch.eye(width, dtype=torch.bool, device=keep.device)
+    causal = torch.ones(width, width, dtype=torch.bool, device=keep.device).tril()
+    allowed = (causal[None] & keep[:, None, :]) | eye[None]
+    prompt = torch.zeros((n, 1, width, width), dtype=dtype, device=keep.device).masked_fill(~allowed[:, None], low)
+    full = torch.cat([keep, keep.new_ones((n, steps))], dim=1)
+    step = torch.zeros((n, 1, 1, width + steps), dtype=dtype, device=keep.device).masked_fill(~full[:, None, None], low)
+    return prompt, step
 
-    def __init__(self, budgets: list[int], eos_ids: set[int], on_token: TokenCallback) -> None:
-        self.budgets = budgets
-        self.eos_ids = eos_ids
-        self.on_token = on_token
-        self.counts = [0] * len(budgets)
-        self.prompt_seen = False
 
-    def put(self, value: torch.Tensor) -> None:
-        if not self.prompt_seen:  # the first call carries the prompt ids
-            self.prompt_seen = True
-            return
-        for row, tok in enumerate(value.reshape(len(self.budgets), -1)[:, -1].tolist()):
-            if self.counts[row] >= self.budgets[row]:
+def _pick(logits: torch.Tensor, temperature: float, rng: torch.Generator | None) -> torch.Tensor:
+    """Next token per row: argmax, or a sample of softmax(logits / temperature) (no top-k / top-p)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=rng).reshape(-1)
+
+
+@torch.inference_mode()
+def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: list[int], eos_ids: set[int],
+                 temperature: float = 0.0, on_token: TokenCallback | None = None,
+                 rng: torch.Generator | None = None) -> list[list[int]]:
+    """Greedy or sampled decoding of a left-padded batch with the model's own forward and a KV cache.
+
+    The loop ``generate`` runs, without its per-call and per-step machinery (logits processors,
+    stopping criteria, streamer, mask rebuild), which adds about a third to a tiny model's forward
+    passes; 16 tokens for 8 requests then take about 1.25 times what they take for one. Greedy output
+    equals ``model.generate`` greedy output (a test pins it). ``keep`` marks real tokens (False on the
+    left padding). Row ``i`` gets at most ``budgets[i]`` tokens and stops after an end-of-sequence
+    token; ``on_token(row, token, last)`` sees each new token as soon as it is picked; the loop ends
+    when every row is done.
+    """
+    from transformers import DynamicCache
+
+    n, width = ids.shape
+    steps = max(budgets)
+    padded = not bool(keep.all())
+    pos = keep.long().cumsum(-1) - 1
+    pos = pos.masked_fill(~keep, 1)  # as generate: pads get a position that never matters
+    prompt_mask, step_mask = _masks(keep, steps, model.dtype) if padded else (None, None)
+    cache = DynamicCache()
+    out: list[list[int]] = [[] for _ in range(n)]
+    live = [b > 0 for b in budgets]
+    x, mask, length = ids, prompt_mask, width
+    for _ in range(steps):
+        logits = model(input_ids=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        picked = _pick(logits, temperature, rng)
+        for row, tok in enumerate(picked.tolist()):
+            if not live[row]:
                 continue
-            self.counts[row] += 1
-            last = self.counts[row] == self.budgets[row] or tok in self.eos_ids
-            if last:
-                self.counts[row] = self.budgets[row]  # done: nothing more for this row
-            self.on_token(row, int(tok), last)
-
-    def end(self) -> None:
-        """Nothing to flush: every token was handed on when it was generated."""
-
-
-@functools.cache
-def _step_streamer() -> type:
-    """_StepFanout as a transformers BaseStreamer (built on first use: transformers loads lazily)."""
-    from transformers.generation import BaseStreamer
-
-    return type("StepStreamer", (_StepFanout, BaseStreamer), {})
+            out[row].append(tok)
+            last = len(out[row]) >= budgets[row] or tok in eos_ids
+            live[row] = not last
+            if on_token is not None:
+                on_token(row, tok, last)
+        if not any(live):
+            break
+        length += 1
+        x, pos = picked[:, None], pos[:, -1:] + 1
+        mask = None if step_mask is None else step_mask[..., :length]
+    return out
 
 
 class Generator:
@@ -186,28 +222,12 @@ class Generator:
                         on_token: TokenCallback | None) -> list[list[int]]:
         width = max(len(r.input_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        keep = torch.zeros((len(reqs), width), dtype=torch.bool)
         for row, r in enumerate(reqs):  # left padding: every prompt ends at the same position
             ids[row, width - len(r.input_ids):] = torch.tensor(r.input_ids, dtype=torch.long)
-            mask[row, width - len(r.input_ids):] = 1
-        sample: dict[str, Any] = ({"do_sample": True, "temperature": temperature, "top_k": 0}
-                                  if temperature > 0 else {"do_sample": False})
-        if on_token is not None:
-            sample["streamer"] = _step_streamer()([r.max_tokens for r in reqs], self.eos_ids, on_token)
-        gen = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-            max_new_tokens=max(r.max_tokens for r in reqs), pad_token_id=self.pad_id, **sample,
-        )
-        new = gen[:, width:].tolist()
-        return [self._trim(row, r.max_tokens) for row, r in zip(new, reqs, strict=True)]
-
-    def _trim(self, tokens: list[int], max_tokens: int) -> list[int]:
-        """Cut at this request's own budget and after its first end-of-sequence token."""
-        tokens = tokens[:max_tokens]
-        for i, t in enumerate(tokens):
-            if t in self.eos_ids:
-                return tokens[: i + 1]
-        return tokens
+            keep[row, width - len(r.input_ids):] = True
+        return decode_batch(self.model, ids.to(self.device), keep.to(self.device), [r.max_tokens for r in reqs],
+                            self.eos_ids, temperature, on_token)
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -272,6 +292,52 @@ def _answer(text: str, tokens: list[int]) -> Any:
     ])
 
 
+class Outbox:
+    """Sends a streaming batch's responses from a thread of its own, in the order they were put.
+
+    A send is a round trip to the Triton server process (it waits while the server takes the
+    response); with 8 streams a step's 8 sends took several times the tiny model's forward pass. On
+    this thread they overlap the next step's forward instead of adding to it (sending from another
+    thread is how Triton's decoupled examples answer): ITL p50 at 8 clients 4.0 instead of 6.2-6.6 ms
+    in one run. ``drain`` waits until everything put so far is sent and returns the senders that failed.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[tuple[Any, Any, int]] = queue.Queue()
+        self.failed: set[int] = set()  # id() of the senders whose send raised
+        self.thread = threading.Thread(target=self._run, name="llmpipe-outbox", daemon=True)
+        self.thread.start()
+
+    def put(self, sender: Any, response: Any, flags: int) -> None:
+        self.queue.put((sender, response, flags))
+
+    def _run(self) -> None:
+        while True:
+            sender, response, flags = self.queue.get()
+            try:
+                if sender is None:
+                    return
+                if id(sender) in self.failed:
+                    continue
+                if response is None:
+                    sender.send(flags=flags)
+                else:
+                    sender.send(response, flags=flags)
+            except Exception:  # noqa: BLE001 - its stream is broken; the others go on
+                self.failed.add(id(sender))
+            finally:
+                self.queue.task_done()
+
+    def drain(self) -> set[int]:
+        self.queue.join()
+        failed, self.failed = self.failed, set()
+        return failed
+
+    def close(self) -> None:
+        self.queue.put((None, None, 0))
+        self.thread.join(timeout=10)
+
+
 class TritonPythonModel:
     """Triton's entry points: initialize, execute (one call per dynamic batch), finalize."""
 
@@ -295,6 +361,7 @@ class TritonPythonModel:
         self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
         self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
         self.tokens = self.families[1].Metric(labels=labels)
+        self.outbox = Outbox() if self.decoupled else None
 
     def _parse(self, request: Any) -> GenRequest:
         prompt = _tensor(request, "prompt")
@@ -329,14 +396,16 @@ class TritonPythonModel:
             self.failed.increment(len(good))
             return [pb_utils.InferenceResponse(error=_bad_request(p) if isinstance(p, str) else
                                                pb_utils.TritonError(f"generation failed: {e}")) for p in parsed]
-        responses = []
+        responses, sent = [], 0
         for p in parsed:
             if isinstance(p, str):
                 responses.append(pb_utils.InferenceResponse(error=_bad_request(p)))
                 continue
             tokens = next(results)
-            self.tokens.increment(len(tokens))
+            sent += len(tokens)
             responses.append(_answer(self.gen.decode(tokens), tokens))
+        if sent:
+            self.tokens.increment(sent)  # once per batch: each increment is a round trip to the server
         return responses
 
     def _execute_streaming(self, requests: list[Any]) -> None:
@@ -344,40 +413,49 @@ class TritonPythonModel:
         with the FINAL flag; refused requests get their error as their one final response."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         senders = [r.get_response_sender() for r in requests]
+        out = self.outbox
         parsed = self._parse_all(requests)
         live = [i for i, p in enumerate(parsed) if isinstance(p, GenRequest)]
         for i, p in enumerate(parsed):
             if isinstance(p, str):
-                senders[i].send(pb_utils.InferenceResponse(error=_bad_request(p)), flags=final)
+                out.put(senders[i], pb_utils.InferenceResponse(error=_bad_request(p)), final)
         deltas = [TextDeltas(self.gen.decode) for _ in live]
         done = [False] * len(live)
+        sent = [0] * len(live)
 
         def on_token(row: int, token: int, last: bool) -> None:
             if done[row]:  # closed (cancelled by its client)
                 return
             sender = senders[live[row]]
             done[row] = last
-            if sender.is_cancelled():  # the client went away: close its stream, send nothing more
-                done[row] = True
-                sender.send(flags=final)
-                deltas[row].tokens.append(token)
+            # asking costs a round trip to the server, like a send: every CANCEL_CHECK_EVERY tokens
+            if sent[row] % CANCEL_CHECK_EVERY == 0 and sender.is_cancelled():
+                done[row] = True  # the client went away: close its stream, send nothing more
+                out.put(sender, None, final)
                 return
-            self.tokens.increment(1)
-            sender.send(_answer(deltas[row].add(token, last), [token]), flags=final if last else 0)
+            sent[row] += 1
+            out.put(sender, _answer(deltas[row].add(token, last), [token]), final if last else 0)
 
         try:
             if live:
                 self.gen.generate([parsed[i] for i in live], on_token)  # type: ignore[misc]
         except Exception as e:  # noqa: BLE001 - report to every open stream of the batch, keep serving
             for row in (r for r, d in enumerate(done) if not d):
-                senders[live[row]].send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"generation failed: {e}")), flags=final)
+                out.put(senders[live[row]], pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"generation failed: {e}")), final)
                 done[row] = True
                 self.failed.increment(1)
         for row in (r for r, d in enumerate(done) if not d):  # ended without a last token: close it
-            senders[live[row]].send(flags=final)
+            out.put(senders[live[row]], None, final)
+        broken = out.drain()  # every response of this batch is sent before the next batch starts
+        if broken:
+            self.failed.increment(len(broken))
+        if any(sent):
+            self.tokens.increment(sum(sent))  # once per batch: an increment is a round trip too
 
     def finalize(self) -> None:
+        if self.outbox is not None:
+            self.outbox.close()
         self.gen = None
         self.refused = self.failed = self.tokens = None  # metrics before their families
         self.families = []

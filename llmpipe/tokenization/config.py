@@ -62,6 +62,9 @@ class TokenizeConfig(Section):
     source_weights: dict[str, float] = Field(default_factory=dict, description="sampling factor per source")
     language_shares: dict[str, float] = Field(
         default_factory=dict, description="target token share per language in train (sums to 1)")
+    recency_weighting: bool = Field(
+        True, description="multiply each train document's sampling factor by its metadata `recency_weight` "
+                          "(the timeliness stage's half-life weight; 1 where absent)")
     sequences_per_shard: int = Field(8192, gt=0)
     batch_size: int = run_setting(4096, gt=0, description="documents per encode_batch call")
     batch_chars: int = run_setting(4_000_000, gt=0, description="characters per encode_batch call at most")

@@ -15,10 +15,14 @@ Two passes:
    ``min_tokens`` tokens are dropped (``too_short``); longer than ``max_tokens`` are split into
    pieces (each ending with EOS) or truncated (``long_docs``).
 2. **Mix and pack** (one pass over the encoded shards): train segments are up- or down-sampled by
-   ``language_weights`` x ``source_weights`` (or to the target ``language_shares``) with
-   deterministic error diffusion in hash order, so every language gets its token target within one
-   document's length. Copies are emitted in rounds (all first copies, then all second copies, ...),
-   never next to each other. Validation is never mixed: it keeps the corpus' natural distribution.
+   ``language_weights`` x ``source_weights`` (or to the target ``language_shares``), times each
+   document's ``metadata["recency_weight"]`` (the timeliness stage's half-life weight, 1 where absent;
+   ``recency_weighting: false`` ignores it), with deterministic error diffusion in hash order: a
+   segment whose factor is ``f`` gets ``floor(f)`` or ``ceil(f)`` copies, and every (language,
+   source) group gets its token target within one document's length. With ``language_shares`` the
+   shares are met after the recency weights. Copies are emitted in rounds (all first copies, then all
+   second copies, ...), never next to each other. Validation is never mixed: it keeps the corpus'
+   natural distribution.
 
 Artifact layout (``<dir>``)::
 
@@ -33,6 +37,9 @@ Artifact layout (``<dir>``)::
                         an entity span of ``metadata["entities"]``, 0 elsewhere (EOS, BOS, padding)
     val_meta.json       {"languages", "per_language": {lang: {"docs", "bytes", "tokens"}},
                          "total_docs", "total_bytes", "total_tokens"}
+
+Each encoded piece (a cached task of pass 1) holds ``tokens.bin``, ``segments.npy`` (the segment
+table), ``weights.npy`` (float64 per segment: its document's ``recency_weight``) and ``shard.json``.
 
 A shard with ``n`` sequences holds ``n * seq_len + 1`` ids; sequence ``i`` is
 ``ids[i*seq_len : i*seq_len + seq_len + 1]`` (input = first ``seq_len``, target = last ``seq_len``),
@@ -73,7 +80,7 @@ np = lazy_import("numpy")  # loaded when the stage runs, not when it registers
 pa = lazy_import("pyarrow")
 pq = lazy_import("pyarrow.parquet")
 
-VERSION = "1"
+VERSION = "2"  # 2: recency weights in the mix (weights.npy per piece), copies floor/ceil of the factor
 FORMAT = "llmpipe-packed/1"
 
 
@@ -87,6 +94,7 @@ _TOKENIZERS: dict[str, tuple[Any, re.Pattern[str] | None, dict[str, Any]]] = {}
 _ESCAPING: dict[str, Any] = {}
 _LOAD_LOCK = threading.Lock()  # encode threads share one tokenizer per process: load it once
 _COLUMNS = ["id", "text", "source", "metadata"]
+RECENCY = "recency_weight"  # the metadata field the timeliness stage writes (half_life_days)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -323,6 +331,7 @@ class _ShardBuilder:
         self.tokens: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []  # entity masks beside the tokens (entity_mask only)
         self.segs: list[np.ndarray] = []
+        self.weights: list[np.ndarray] = []  # recency weight per segment, aligned with segs
         self.size = 0
 
     def _drop(self, reason: str, n: int) -> None:
@@ -364,6 +373,7 @@ class _ShardBuilder:
         # bytes are attributed to the first piece (bits-per-byte sums over the split)
         self.segs.append(np.stack([self.size + starts, seg_len, li[cdoc], si[cdoc], split[d],
                                    np.where(ci == 0, n_bytes[cdoc], 0), order[d] + ci, group[d], child[d]], axis=1))
+        self.weights.append(recency_weights([batch.metas[i] for i in k], [batch.ids[i] for i in k])[cdoc])
         self.tokens.append(out)
         self.size += out.size
 
@@ -408,10 +418,29 @@ class _ShardBuilder:
         if self.cfg.entity_mask:
             (np.concatenate(self.masks) if self.masks else np.zeros(0, np.uint8)).tofile(out_dir / "entity.bin")
         np.save(out_dir / "segments.npy", segs.astype(np.int64, copy=False))
+        np.save(out_dir / "weights.npy", np.concatenate(self.weights) if self.weights else np.zeros(0))
         info = {"languages": list(self.langs), "sources": list(self.sources), "dtype": self.dtype.name}
         (out_dir / "shard.json").write_text(json.dumps(info, sort_keys=True))
         kept = self.counts["docs"] - sum(self.dropped.values())
         return {**self.counts, "kept": kept, "dropped": dict(self.dropped), "tokens": int(tokens.size)}
+
+
+def recency_weights(metas: list[dict[str, Any]], ids: list[str]) -> np.ndarray:
+    """``metadata["recency_weight"]`` per document as float64: 1.0 where absent (or null).
+
+    Read whether or not ``recency_weighting`` is on, so switching it re-mixes without re-encoding; a
+    value that is not a finite number >= 0 is an error naming the document.
+    """
+    vals = [m.get(RECENCY) for m in metas]
+    out = np.ones(len(vals), dtype=np.float64)
+    for j, v in enumerate(vals):
+        if v is None:
+            continue
+        if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"tokenize: document {ids[j]!r}: metadata.{RECENCY} must be a number >= 0 "
+                             f"(the timeliness stage's half-life weight), got {v!r}")
+        out[j] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -467,8 +496,9 @@ def pieces(rows: int, piece_docs: int) -> list[tuple[int, int | None]]:
 
 # -- pass 2: mixing ---------------------------------------------------------------------------------
 
-def mixing_multipliers(train_tokens: dict[tuple[str, str], int], cfg: TokenizeConfig) -> dict[tuple[str, str], float]:
-    """Sampling factor per (language, source) group of the train split."""
+def mixing_multipliers(train_tokens: dict[tuple[str, str], float], cfg: TokenizeConfig
+                       ) -> dict[tuple[str, str], float]:
+    """Sampling factor per (language, source) group of the train split (tokens: recency-weighted)."""
     mult = {g: cfg.language_weights.get(g[0], 1.0) * cfg.source_weights.get(g[1], 1.0) for g in train_tokens}
     if not cfg.language_shares:
         return mult
@@ -478,24 +508,36 @@ def mixing_multipliers(train_tokens: dict[tuple[str, str], int], cfg: TokenizeCo
     missing = [lang for lang, s in cfg.language_shares.items() if s > 0 and weighted.get(lang, 0) <= 0]
     if missing:
         raise ValueError(f"tokenize.language_shares: languages {missing} have a share but no train tokens "
-                         f"(present: {sorted(weighted)})")
+                         f"(recency-weighted; present: {sorted(k for k, w in weighted.items() if w > 0)})")
     total = sum(weighted.values())
     lang_m = {lang: cfg.language_shares.get(lang, 0.0) * total / w for lang, w in weighted.items() if w > 0}
     return {g: m * lang_m.get(g[0], 0.0) for g, m in mult.items()}
 
 
-def copies_by_error_diffusion(lengths: np.ndarray, multiplier: float) -> np.ndarray:
-    """Copies per segment so the group's emitted tokens track ``multiplier`` x its tokens (error < 1 doc)."""
-    out = np.zeros(len(lengths), dtype=np.int64)
-    if multiplier == 1.0:
-        out[:] = 1
-        return out
+def copies_by_error_diffusion(lengths: np.ndarray, multiplier: float | np.ndarray) -> np.ndarray:
+    """Copies per segment so the group's emitted tokens track ``multiplier`` x its tokens.
+
+    ``multiplier`` is one factor or one per segment (the group's times each document's recency
+    weight). A segment with factor ``f`` gets ``floor(f)`` copies, plus one more when the carried
+    error says so (never for an integer ``f``): a weight-0 document is never emitted, a weight-1
+    document at factor 1 always exactly once, and the group's emitted tokens stay within half a
+    document of the target (the error only grows by a fraction of a segment, and shrinks by the rest).
+    """
+    f = np.broadcast_to(np.asarray(multiplier, dtype=np.float64), lengths.shape)
+    if (f < 0).any():
+        raise ValueError(f"tokenize: negative sampling factor {float(f.min())}")
+    base = np.floor(f)
+    frac = f - base
+    out = base.astype(np.int64)
+    idx = np.flatnonzero(frac > 0)
+    extra = np.zeros(idx.size, dtype=np.int64)
     acc = 0.0
-    for i, t in enumerate(lengths.tolist()):
-        acc += multiplier * t
-        k = max(0, math.floor(acc / t + 0.5))
-        out[i] = k
-        acc -= k * t
+    for j, (t, p) in enumerate(zip(lengths[idx].tolist(), frac[idx].tolist(), strict=True)):
+        acc += p * t  # error diffusion over the fractional parts, in order
+        if acc >= t / 2:
+            extra[j] = 1
+            acc -= t
+    out[idx] += extra
     return out
 
 
@@ -598,7 +640,10 @@ def _load_shards(results: list[tuple[Path, dict[str, Any]]]) -> tuple[list[dict[
         if len(segs):
             segs[:, 2] = lmap[segs[:, 2]]
             segs[:, 3] = smap[segs[:, 3]]
-        shards.append({"dir": d, "segs": segs, "dtype": info["dtype"]})
+        weights = np.load(d / "weights.npy")
+        if weights.shape != (len(segs),):
+            raise ValueError(f"tokenize: {d / 'weights.npy'} holds {weights.shape} weights for {len(segs)} segments")
+        shards.append({"dir": d, "segs": segs, "weights": weights, "dtype": info["dtype"]})
     return shards, list(langs), list(sources)
 
 
@@ -627,10 +672,21 @@ def ensure_min_val(shards: list[dict[str, Any]], cfg: TokenizeConfig) -> int:
     return dropped
 
 
+def segment_weights(shards: list[dict[str, Any]], cfg: TokenizeConfig) -> np.ndarray:
+    """The recency weight of every segment (all shards, in order); all 1 with ``recency_weighting`` off."""
+    n = sum(len(s["segs"]) for s in shards)
+    if not cfg.recency_weighting or not shards:
+        return np.ones(n, dtype=np.float64)
+    return np.concatenate([s["weights"] for s in shards])
+
+
 def plan_copies(shards: list[dict[str, Any]], langs: list[str], sources: list[str],
                 cfg: TokenizeConfig) -> tuple[list[np.ndarray], dict[tuple[str, str], float]]:
-    """Copies per train segment (per shard), from the mixing multipliers by error diffusion."""
+    """Copies per train segment (per shard): the group's mixing multiplier x the segment's recency
+    weight, by error diffusion. ``language_shares`` see the recency-weighted tokens, so the shares hold
+    after the weights."""
     all_segs = np.concatenate([s["segs"] for s in shards]) if shards else np.zeros((0, SEG_COLS), np.int64)
+    weights = segment_weights(shards, cfg)
     shard_of = np.concatenate([np.full(len(s["segs"]), i) for i, s in enumerate(shards)]) if shards else \
         np.zeros(0, np.int64)
     row_of = np.concatenate([np.arange(len(s["segs"])) for s in shards]) if shards else np.zeros(0, np.int64)
@@ -638,15 +694,16 @@ def plan_copies(shards: list[dict[str, Any]], langs: list[str], sources: list[st
     # train tokens per (language, source), the groups in order of first appearance
     gid = all_segs[train, 2] * max(1, len(sources)) + all_segs[train, 3]
     uniq, first, inv = np.unique(gid, return_index=True, return_inverse=True)
-    sums = _sum_by(inv.reshape(-1), all_segs[train, 1], len(uniq))
-    groups = {(langs[int(g) // max(1, len(sources))], sources[int(g) % max(1, len(sources))]): int(sums[j])
+    sums = np.zeros(len(uniq), dtype=np.float64)
+    np.add.at(sums, inv.reshape(-1), all_segs[train, 1] * weights[train])
+    groups = {(langs[int(g) // max(1, len(sources))], sources[int(g) % max(1, len(sources))]): float(sums[j])
               for j, g in sorted(enumerate(uniq.tolist()), key=lambda x: first[x[0]])}
     mult = mixing_multipliers(groups, cfg)
     flat = np.zeros(len(all_segs), dtype=np.int64)
     for (lang, src), m in sorted(mult.items()):
         sel = np.nonzero(train & (all_segs[:, 2] == langs.index(lang)) & (all_segs[:, 3] == sources.index(src)))[0]
         order = sel[np.lexsort((row_of[sel], shard_of[sel], all_segs[sel, 6]))]
-        flat[order] = copies_by_error_diffusion(all_segs[order, 1], m)
+        flat[order] = copies_by_error_diffusion(all_segs[order, 1], m * weights[order])
     return np.split(flat, np.cumsum([len(s["segs"]) for s in shards])[:-1]) if shards else [], mult
 
 
@@ -692,8 +749,10 @@ def _entity_of(shard: dict[str, Any]) -> np.ndarray:
     return np.fromfile(shard["dir"] / "entity.bin", dtype=np.uint8)
 
 
-def _per_language(shards: list[dict[str, Any]], copies: list[np.ndarray] | None, n_langs: int) -> dict[str, np.ndarray]:
-    """Per-language sums over the segment tables (int64 arrays indexed like ``langs``)."""
+def _per_language(shards: list[dict[str, Any]], copies: list[np.ndarray] | None, n_langs: int,
+                  weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-language sums over the segment tables (int64 arrays indexed like ``langs``); with ``weights``
+    (one per segment) also the recency-weighted train tokens, rounded."""
     segs = np.concatenate([s["segs"] for s in shards]) if shards else np.zeros((0, SEG_COLS), np.int64)
     lang, n, split = segs[:, 2], segs[:, 1], segs[:, 4]
     tr, va = split == TRAIN, split == VAL
@@ -703,15 +762,21 @@ def _per_language(shards: list[dict[str, Any]], copies: list[np.ndarray] | None,
     if copies is not None:
         k = np.concatenate(copies) if copies else np.zeros(0, np.int64)
         out["after"] = _sum_by(lang[tr], n[tr] * k[tr], n_langs)
+    if weights is not None:
+        w = np.zeros(n_langs, dtype=np.float64)
+        np.add.at(w, lang[tr], n[tr] * weights[tr])
+        out["recency"] = np.rint(w).astype(np.int64)
     return out
 
 
 def _language_table(shards: list[dict[str, Any]], copies: list[np.ndarray], langs: list[str],
                     cfg: TokenizeConfig) -> list[dict[str, Any]]:
-    per = {k: v.tolist() for k, v in _per_language(shards, copies, len(langs)).items()}
+    weights = segment_weights(shards, cfg)
+    per = {k: v.tolist() for k, v in _per_language(shards, copies, len(langs), weights).items()}
     before, after, val = per["before"], per["after"], per["val_tokens"]
     tb, ta = sum(before) or 1, sum(after) or 1
-    return [{"lang": lang, "train_tokens_before": before[i], "train_tokens_after": after[i],
+    return [{"lang": lang, "train_tokens_before": before[i], "train_tokens_recency": per["recency"][i],
+             "train_tokens_after": after[i],
              "share_before": round(before[i] / tb, 4), "share_after": round(after[i] / ta, 4),
              "target_share": cfg.language_shares.get(lang) if cfg.language_shares else None,
              "val_tokens": val[i]} for i, lang in enumerate(langs)]
@@ -725,6 +790,23 @@ def _val_meta(shards: list[dict[str, Any]], langs: list[str]) -> dict[str, Any]:
             "total_docs": sum(v["docs"] for v in per.values()),
             "total_bytes": sum(v["bytes"] for v in per.values()),
             "total_tokens": sum(v["tokens"] for v in per.values())}
+
+
+def recency_stats(shards: list[dict[str, Any]], copies: list[np.ndarray], cfg: TokenizeConfig) -> dict[str, Any]:
+    """What the recency weights did to the train split: its tokens before, recency-weighted (before the
+    language/source mix), and the packed tokens of the down-weighted documents before and after."""
+    segs = np.concatenate([s["segs"] for s in shards]) if shards else np.zeros((0, SEG_COLS), np.int64)
+    raw = np.concatenate([s["weights"] for s in shards]) if shards else np.zeros(0)
+    k = np.concatenate(copies) if copies else np.zeros(0, np.int64)
+    tr = segs[:, 4] == TRAIN
+    n, w = segs[tr, 1], raw[tr]
+    low = w != 1.0
+    weighted = float((n * w).sum()) if cfg.recency_weighting else float(n.sum())
+    return {"enabled": cfg.recency_weighting,
+            "weighted_docs": int((low & (segs[tr, 5] > 0)).sum()),  # documents (first pieces) with a weight != 1
+            "train_tokens_before": int(n.sum()), "train_tokens_weighted": round(weighted),
+            "mean_weight": round(weighted / n.sum(), 6) if n.sum() else None,
+            "weighted_docs_tokens_before": int(n[low].sum()), "weighted_docs_tokens_after": int((n * k[tr])[low].sum())}
 
 
 def _sum_stats(results: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
@@ -771,6 +853,10 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
     vm = _val_meta(shards, langs)
     (ctx.out / TOKENIZE.val_meta).write_text(json.dumps(vm, indent=1, sort_keys=True))
     table = _language_table(shards, copies, langs, cfg)
+    recency = recency_stats(shards, copies, cfg)
+    if recency["weighted_docs"] and not cfg.recency_weighting:
+        ctx.log.info("tokenize: %d documents carry a recency_weight != 1; recency_weighting is off",
+                     recency["weighted_docs"])
     ctx.report_table("tokenize-languages", "Train tokens per language before/after mixing", table)
     stats = _sum_stats(results)
     if moved_children:
@@ -783,5 +869,6 @@ def run_tokenize(ctx: StageContext) -> dict[str, Any]:
         "train_tokens": splits["train"]["tokens"], "val_tokens": splits["val"]["tokens"],
         "val_bytes": vm["total_bytes"], "languages": table, "sources": sources,
         "multipliers": {f"{lang}/{src}": round(m, 6) for (lang, src), m in sorted(mult.items())},
+        "recency": recency,
     })
     return stats

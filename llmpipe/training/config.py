@@ -55,10 +55,34 @@ class ScheduleConfig(Section):
 
 
 class GuardsConfig(Section):
-    """Stability guards: a non-finite loss skips its step; too many in a row abort the run."""
+    """Stability guards: a non-finite loss skips its step; too many in a row abort the run.
+
+    With fp16 the loss scaler skips a step whose gradients overflowed and halves its scale; the two
+    warning thresholds (run settings: they only warn) say when mixed precision has stopped training.
+    """
 
     max_consecutive_nonfinite: int = Field(3, gt=0, description="abort after this many non-finite losses in a row")
     spike_factor: float = Field(3.0, gt=1, description="log a spike when loss > factor x running mean")
+    loss_scale_floor: float = run_setting(1.0, gt=0, description="fp16: warn when the loss scale falls below this")
+    overflow_skips_warn: int = run_setting(5, gt=0, description="fp16: warn when the loss scaler skipped this "
+                                           "many steps in a row (gradient overflow)")
+
+
+class LrFindConfig(Section):
+    """``train.lr_find``: run the LR finder (``llmpipe lr-find``) on the stage's model and data first and
+    train with its suggestion instead of ``optimizer.lr`` (the schedule's peak). Part of the key: the
+    sweep decides the learning rate, so its settings decide the model."""
+
+    enabled: bool = Field(False, description="sweep first, then train with the suggested learning rate")
+    min_lr: float = Field(1e-5, gt=0, description="first learning rate of the sweep")
+    max_lr: float = Field(1.0, gt=0, description="last learning rate of the sweep")
+    steps: int = Field(100, ge=10, description="sweep length in steps (it stops early once the loss diverges)")
+
+    @model_validator(mode="after")
+    def _range(self) -> LrFindConfig:
+        if self.min_lr >= self.max_lr:
+            raise ValueError(f"min_lr ({self.min_lr:g}) must be below max_lr ({self.max_lr:g})")
+        return self
 
 
 class CheckpointConfig(Section):
@@ -117,7 +141,10 @@ class ParallelConfig(Section):
     ``tensor: N`` splits every decoder block over N ranks with PyTorch DTensor, as torchtitan does
     (column-wise q/k/v/gate/up, row-wise o/down: the plan transformers ships with the model as
     ``config.base_model_tp_plan``); the world is then a (data x tensor) mesh, world / N data-parallel
-    replicas of N ranks each, FSDP2 sharding over the data dimension when ``strategy: fsdp2``. It is
+    replicas of N ranks each, FSDP2 sharding over the data dimension when ``strategy: fsdp2``.
+    ``pipeline: N`` splits the decoder layers into N stages (``llmpipe/training/pipeline.py``); the world
+    is then a (data x pipeline) mesh, each stage FSDP2-sharded over its world / N replicas, and with
+    both a (data x pipeline x tensor) mesh (3-D). It is
     a run setting like ``launch``: the same global batch gives the same model at any degree (tested to
     1e-5 against one process), so it stays out of the stage key.
     """
@@ -125,7 +152,8 @@ class ParallelConfig(Section):
     tensor: int = run_setting(1, gt=0, description="tensor-parallel degree: ranks per model replica "
                               "(1: off); must divide the world size and the attention and KV heads")
     pipeline: int = run_setting(1, gt=0, description="pipeline stages, one per rank, split by decoder "
-                                "layer (1: off); must equal the world size and divide the layers")
+                                "layer (1: off); pipeline x tensor must divide the world size (the "
+                                "rest: data-parallel replicas, strategy fsdp2) and the layers")
     schedule: Literal["1f1b", "gpipe"] = run_setting("1f1b", description="pipeline schedule over the "
                                                      "step's micro-batches")
 
@@ -144,6 +172,8 @@ class LaunchConfig(Section):
     master_port: int = run_setting(0, ge=0, description="0: pick a free port")
     timeout_s: float = run_setting(3600.0, gt=0)
     threads_per_process: int = run_setting(0, ge=0, description="OMP threads per worker (0: cores / processes)")
+    prefetch: int = run_setting(2, ge=0, description="steps of batches a background thread assembles ahead "
+                                "(on CUDA copied from pinned memory while the step computes); 0: off")
 
     @model_validator(mode="after")
     def _topology(self) -> LaunchConfig:
@@ -190,6 +220,7 @@ class TrainConfig(Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    lr_find: LrFindConfig = Field(default_factory=LrFindConfig)
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -219,7 +250,8 @@ class TrainConfig(Section):
     def _check_parallel(self) -> None:
         tp, world = self.parallel.tensor, self.launch.world_size
         if self.parallel.pipeline > 1:
-            self._check_pipeline()
+            self._check_pipeline()  # with or without tensor parallelism
+            return
         if tp == 1:
             return
         if self.strategy == "deepspeed":
@@ -233,14 +265,27 @@ class TrainConfig(Section):
                              f"replicas: that needs strategy fsdp2 (sharded over the data dimension), got ddp")
 
     def _check_pipeline(self) -> None:
-        pp, world = self.parallel.pipeline, self.launch.world_size
-        if self.parallel.tensor > 1 or world != pp:
-            raise ValueError(f"parallel.pipeline ({pp}) runs one stage per rank on its own: it needs "
-                             f"parallel.tensor 1 and a world size of {pp} (got tensor "
-                             f"{self.parallel.tensor}, world {world}); pipeline x data or x tensor "
-                             f"parallel is not in this release")
-        if self.strategy not in ("ddp", "fsdp2"):
+        pp, tp, world = self.parallel.pipeline, self.parallel.tensor, self.launch.world_size
+        per_replica = pp * tp
+        ranks = f"parallel.pipeline ({pp}) x parallel.tensor ({tp})" if tp > 1 else f"parallel.pipeline ({pp})"
+        if world % per_replica:
+            raise ValueError(f"{ranks} must divide the world size (launch.nodes x launch.nproc_per_node "
+                             f"= {world})")
+        if self.strategy not in ("auto", "ddp", "fsdp2"):
             raise ValueError(f"parallel.pipeline > 1 runs under strategy ddp or fsdp2, got {self.strategy!r}")
+        replicas = world // per_replica
+        if replicas > 1 and self.strategy == "ddp":
+            raise ValueError(f"{ranks} on {world} ranks leaves {replicas} data-parallel replicas: that needs "
+                             f"strategy fsdp2 (each stage sharded over its replicas), got ddp")
+        if self.global_batch_size % (self.micro_batch_size * replicas):
+            raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                             f"micro_batch_size ({self.micro_batch_size}) x {replicas} data-parallel replicas "
+                             f"(world {world} / {per_replica} ranks per replica)")
+        micro = self.global_batch_size // (self.micro_batch_size * replicas)
+        if self.parallel.schedule == "1f1b" and micro < pp:
+            raise ValueError(f"parallel.schedule 1f1b needs at least parallel.pipeline ({pp}) micro-batches "
+                             f"per replica and step, got {micro} (global_batch_size {self.global_batch_size} / "
+                             f"(micro_batch_size {self.micro_batch_size} x {replicas} replicas))")
         if self.precision == "fp16":
             raise ValueError("parallel.pipeline > 1 has no fp16 loss scaling: use bf16 or fp32")
         if self.loss.entity_weight is not None:

@@ -10,6 +10,10 @@ global batch is seen whatever the world size (1 node x 2 processes == 2 nodes x 
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -129,3 +133,107 @@ def entity_batch(source: PackedSource, idx: list[int], seq_len: int) -> torch.Te
         raise ValueError("train.loss.entity_weight: this packed data has no entity mask")
     return torch.stack([torch.as_tensor(np.asarray(source.entity_mask(i)[:seq_len], dtype=np.uint8))
                         for i in idx])
+
+
+MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # ids, targets, entity mask or None
+
+
+class _Failed:
+    """What the loader thread hands over instead of a step when assembling it raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class BatchLoader:
+    """The micro-batches of each step, assembled ``depth`` steps ahead in a background thread.
+
+    ``make(step)`` builds one step's micro-batches on the CPU (a pure function of the step: the
+    global order), so the batches are the same with prefetching on or off. With ``depth > 0`` a
+    daemon thread builds steps ``first .. last - 1`` in order into a queue of ``depth`` entries and,
+    on CUDA, copies them to the device from pinned memory on a stream of its own while the current
+    step computes; the main loop then only waits when the loader fell behind (``get`` returns that
+    wait: the data-wait share of the step). ``depth == 0`` builds each step when it is asked for.
+    An exception in the thread is raised by ``get`` (the original exception, its traceback from
+    the thread). ``close`` stops the thread; it also ends with the process (daemon).
+    """
+
+    def __init__(self, make: Callable[[int], list[MicroBatch]], device: torch.device, first: int, last: int,
+                 depth: int) -> None:
+        self.make, self.device, self.depth = make, device, depth
+        self.first, self.next, self.last = first, first, last
+        self._cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=device) if self._cuda and depth > 0 else None
+        self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if depth > 0 and first < last:
+            self._thread = threading.Thread(target=self._work, name="llmpipe-batch-loader", daemon=True)
+            self._thread.start()
+
+    def _to_device(self, micro: list[MicroBatch]) -> Any:
+        if self._stream is None:  # in the caller's thread: a plain (blocking) copy, as without a loader
+            return [tuple(t.to(self.device) if t is not None else None for t in mb) for mb in micro]
+        with torch.cuda.stream(self._stream):
+            out = [tuple(t.pin_memory().to(self.device, non_blocking=True) if t is not None else None for t in mb)
+                   for mb in micro]
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        return out, done
+
+    def _put(self, item: tuple[int, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self) -> None:
+        step = self.first
+        try:
+            for step in range(self.first, self.last):
+                if self._stop.is_set() or not self._put((step, self._to_device(self.make(step)))):
+                    return
+        except BaseException as e:  # handed to the main loop, which raises it
+            e.add_note(f"(raised in the batch loader thread while assembling step {step + 1})")
+            self._put((step, _Failed(e)))
+
+    def get(self, step: int) -> tuple[list[MicroBatch], float]:
+        """The micro-batches of ``step`` on the device, and the seconds spent waiting for them."""
+        t0 = time.perf_counter()
+        if self._thread is None:
+            out = self._to_device(self.make(step))
+            self.next = step + 1
+            return out, time.perf_counter() - t0
+        if step != self.next or step >= self.last:
+            raise RuntimeError(f"batch loader: asked for step {step + 1}, it prefetches step {self.next + 1} next "
+                               f"(steps {self.first + 1}..{self.last})")
+        got, item = self._queue.get()
+        self.next = step + 1
+        if isinstance(item, _Failed):
+            raise item.error
+        assert got == step, (got, step)
+        if self._stream is not None:
+            micro, done = item
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(done)  # the compute stream waits for the copy, the host does not
+            for mb in micro:
+                for t in mb:
+                    if t is not None:
+                        t.record_stream(current)  # the allocator must not reuse it before compute ends
+            item = micro
+        return item, time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Stop the thread (it may be blocked on a full queue) and drop what it prefetched."""
+        self._stop.set()
+        if self._thread is not None:
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._thread.join(timeout=10)
+            self._thread = None

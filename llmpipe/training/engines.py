@@ -94,8 +94,10 @@ class Engine:
         self.cfg, self.device = cfg, device
         self.model = model
         self.amp_dtype = DTYPES[cfg.precision]
-        self.scaler = (torch.amp.GradScaler("cuda") if cfg.precision == "fp16" and device.type == "cuda"
-                       else None)
+        # fp16 loss scaling; GradScaler("cpu") works too (the tests run fp16 overflows on the CPU)
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        self._scale: float | None = None  # the scale after the last step (read once per step)
+        self.overflowed = False  # whether the last step was skipped by the loss scaler (inf/NaN gradients)
         self.optimizer: Any = None
 
     def autocast(self) -> Any:
@@ -126,6 +128,7 @@ class Engine:
 
     def step(self, lr: float, skip: bool) -> float:
         """Apply (or skip) the accumulated gradients; return the global grad norm (before clipping)."""
+        self.overflowed = False
         if not set_lr_or_skip(self.optimizer, lr, skip):
             return float("nan")
         if self.scaler is not None:
@@ -136,12 +139,23 @@ class Engine:
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            before = self.loss_scale()
+            self.scaler.step(self.optimizer)  # skips the optimizer step when a gradient is inf/NaN
+            self.scaler.update()  # ... and then lowers the scale: that is how an overflow shows
+            self._scale = self.scaler.get_scale()
+            self.overflowed = before is not None and self._scale < before
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def loss_scale(self) -> float | None:
+        """fp16: the loss scale now (None without loss scaling); a host sync the first time after a load."""
+        if self.scaler is None:
+            return None
+        if self._scale is None:
+            self._scale = self.scaler.get_scale()
+        return self._scale
 
     def save(self, path: Path) -> None:  # collective
         raise NotImplementedError
@@ -186,6 +200,7 @@ class DDPEngine(Engine):
         self.optimizer.load_state_dict(state["optim"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+            self._scale = None
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if _rank() == 0 else None
@@ -369,8 +384,15 @@ class DeepSpeedEngine(Engine):
 
     def step(self, lr: float, skip: bool) -> float:
         # lr is applied *before* the boundary backward/step by set_lr (see worker); nothing left here
+        # fp16: DeepSpeed's loss scaler skips the step on an overflow (``was_step_applied``)
+        self.overflowed = self.cfg.precision == "fp16" and not skip and not self.engine.was_step_applied()
         norm = self.engine.get_global_grad_norm()
         return float("nan") if skip or norm is None else float(norm)
+
+    def loss_scale(self) -> float | None:
+        """fp16: the scale of DeepSpeed's fp16 / ZeRO optimizer (its ``loss_scale`` property)."""
+        scale = getattr(self.engine.optimizer, "loss_scale", None) if self.cfg.precision == "fp16" else None
+        return None if scale is None else float(scale)
 
     def set_lr(self, lr: float) -> None:
         for g in self.engine.optimizer.param_groups:

@@ -16,6 +16,8 @@ class PretrainLayout:
     checkpoint: str = "."  # the save_pretrained folder (config.json, weights, tokenizer files): the root
     metrics: str = "metrics.jsonl"  # one results-only record per logged step
     loss_curve: str = "loss_curve.png"
+    lr_find: str = "lr_find.json"  # train.lr_find on: the sweep (lr, loss per step) and its suggestion
+    lr_find_curve: str = "lr_find.png"
 
 
 PRETRAIN = PretrainLayout()

@@ -7,6 +7,11 @@ the fastai finder), and stops once the loss has clearly diverged. The suggestion
 rules, both reported: the learning rate of the steepest descent of the smoothed loss (per unit of
 log learning rate), or, when the curve never clearly falls, the learning rate of the minimum
 divided by 10. Nothing is written to the store: the stage's cache is untouched.
+
+Two ways to run it, the same sweep (:func:`find`, with ``train.lr_find``'s settings unless the command
+line overrides them): ``llmpipe lr-find CONFIG`` only suggests; ``train.lr_find.enabled: true`` runs it
+inside the pretrain stage first and trains with the suggestion (the stage records the curve, the
+learning rate and the rule).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from llmpipe.training.config import ParallelConfig, TrainConfig
 from llmpipe.training.trainer import Trainer
 
 SMOOTHING = 0.9  # exponential moving average of the loss, bias-corrected
@@ -97,6 +103,31 @@ def sweep(train: Any, data_dir: Path, seq_len: int, vocab_size: int, *, min_lr: 
     smoothed = smooth(losses)
     lr, rule = suggest(lrs, smoothed)
     return Sweep(lrs, losses, smoothed, lr, rule)
+
+
+def sweep_config(train: TrainConfig) -> TrainConfig:
+    """What the sweep trains: the config in one process (DDP, no model parallelism); which learning rate
+    to use does not depend on how the model is sharded."""
+    return train.model_copy(update={"strategy": "ddp", "parallel": ParallelConfig()})
+
+
+def find(train: TrainConfig, data_dir: Path, seq_len: int, vocab_size: int, work_dir: Path | None = None, *,
+         min_lr: float | None = None, max_lr: float | None = None, steps: int | None = None) -> Sweep:
+    """The sweep of ``llmpipe lr-find`` and of ``train.lr_find``: its settings from ``train.lr_find``
+    unless given, on :func:`sweep_config`; frees the device memory it used before returning."""
+    opts = train.lr_find
+    try:
+        return sweep(sweep_config(train), data_dir, seq_len, vocab_size, work_dir=work_dir,
+                     min_lr=opts.min_lr if min_lr is None else min_lr,
+                     max_lr=opts.max_lr if max_lr is None else max_lr, steps=opts.steps if steps is None else steps)
+    finally:
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the workers that train next need the memory of this process's model
 
 
 def plot(result: Sweep, png: Path) -> None:

@@ -9,6 +9,12 @@ go to the manifest's stats, and the per-step records with them stay in the run f
 Checkpoints live outside the artifact (``<store>/pretrain/_runs/<key>``) so a killed run resumes
 from them on the next attempt with the same key.
 
+With ``train.lr_find.enabled`` the stage first runs the LR finder in this process on the same model
+and data (``lr_finder.find``: what ``llmpipe lr-find`` runs) and trains with its suggestion as the
+peak learning rate; the sweep (``lr_find.json``) and its curve (``lr_find.png``) go into the artifact,
+the learning rate and the rule into the stats. The sweep's result is kept in the run folder, so a
+resumed run trains with the same rate without sweeping again.
+
 Two runs of one key give the same bytes at the same threads per worker
 (``train.launch.threads_per_process``, a run setting: 0 = cores / processes; the stats record it):
 CPU kernels split their float reductions by thread count, so on 2 gloo processes 2 threads each
@@ -156,7 +162,9 @@ def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
 
 # version 3: train: in sub-sections (optimizer, schedule, guards, checkpoint, launch), so the key's
 # config is nested; the same values train the same model
-@stage("pretrain", version="3", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
+# version 4: train.lr_find in the key (its sweep and curve in the artifact when on); fp16 step records
+# carry the loss scale
+@stage("pretrain", version="4", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
        extra="train", requires=lambda cfg: ("torch", "transformers", "tokenizers", "matplotlib", *(
            ("deepspeed",) if "deepspeed" in (cfg.train.strategy, cfg.train.launch.launcher) else ())))
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
@@ -168,6 +176,9 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     cfg, chosen = resolve_strategy(cfg, model_config_of(cfg, vocab), p["seq_len"], ctx.log)
     p.update(chosen)
     run_dir = run_dir_for(ctx)
+    found: dict[str, Any] = {}
+    if cfg.lr_find.enabled:
+        cfg, found = choose_lr(ctx, data_dir, p["seq_len"], vocab, run_dir, cfg)
     spec = {"train": cfg.model_dump(mode="json"), "data_dir": str(data_dir), "seq_len": p["seq_len"],
             "vocab_size": vocab, "checkpoint_dir": str(run_dir / "checkpoints"),
             "export_dir": str(run_dir / "export"), "base_dir": str(ctx.pipeline.base_dir())}
@@ -188,7 +199,7 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     ctx.report_image("pretrain-loss", "Pretraining loss", ctx.out / PRETRAIN.loss_curve)
     last = metrics[-1]
     steady = metrics[len(metrics) // 2:] or metrics
-    stats = {**p, **res.summary, "final_loss": last["loss"], "first_loss": metrics[0]["loss"],
+    stats = {**p, **found, **res.summary, "final_loss": last["loss"], "first_loss": metrics[0]["loss"],
              "tokens": last["tokens"], "seconds": round(res.seconds, 2),
              "tokens_per_s": sum(m["tokens_per_s"] for m in steady) / len(steady),
              "flops_per_s": sum(m["flops_per_s"] for m in steady) / len(steady),
@@ -196,6 +207,34 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
              "mfu": last.get("mfu"), "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics)}
     ctx.report_stats("pretrain-summary", "Pretraining summary", list(stats))
     return stats
+
+
+def choose_lr(ctx: StageContext, data_dir: Path, seq_len: int, vocab: int, run_dir: Path,
+              cfg: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
+    """``train.lr_find``: sweep on the stage's config as ``llmpipe lr-find`` does (``ctx.config``, before
+    the strategy is resolved), write the sweep and its curve into the artifact, and return ``cfg`` with
+    the suggestion as ``optimizer.lr`` plus the stats naming it. The sweep of this key is kept in the
+    run folder: a resumed run reuses it."""
+    from llmpipe.training.lr_finder import Sweep, find, plot
+
+    saved = run_dir / PRETRAIN.lr_find
+    kept = json.loads(saved.read_text()) if saved.is_file() else {}
+    if kept.get("key") == ctx.key:
+        result = Sweep(**kept["sweep"])
+        ctx.log.info("lr_find: the sweep of this key ran already: learning rate %.3g", result.suggested_lr)
+    else:
+        ctx.log.info("lr_find: sweeping the learning rate from %g to %g over up to %d steps",
+                     cfg.lr_find.min_lr, cfg.lr_find.max_lr, cfg.lr_find.steps)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        result = find(resolve_deepspeed(ctx.config, ctx.pipeline.base_dir()), data_dir, seq_len, vocab, run_dir)
+        saved.write_text(json.dumps({"key": ctx.key, "sweep": json.loads(result.to_json())}))
+    (ctx.out / PRETRAIN.lr_find).write_text(result.to_json())
+    plot(result, ctx.out / PRETRAIN.lr_find_curve)
+    ctx.report_image("pretrain-lr-find", "LR finder: loss against learning rate", ctx.out / PRETRAIN.lr_find_curve)
+    ctx.log.info("lr_find: training with learning rate %.3g (%s)", result.suggested_lr, result.rule)
+    optimizer = cfg.optimizer.model_copy(update={"lr": result.suggested_lr})
+    stats = {"lr": result.suggested_lr, "lr_find_rule": result.rule, "lr_find_steps": len(result.lrs)}
+    return cfg.model_copy(update={"optimizer": optimizer}), stats
 
 
 def results_only(record: dict[str, Any]) -> dict[str, Any]:

@@ -150,7 +150,8 @@ def _model_parallel(shape: ModelShape, devices: Devices, budget: float, state: t
     every device of the job is not enough."""
     tp = max(d for d in (8, 4, 2, 1) if d <= devices.per_node and shape.heads % d == 0)
     most = min(devices.count // tp, shape.layers)
-    stages = [pp for pp in range(min(min_pp, most), most + 1) if (devices.count // tp) % pp == 0]
+    stages = [pp for pp in range(min(min_pp, most), most + 1)
+              if (devices.count // tp) % pp == 0 and shape.layers % pp == 0]  # whole layers per stage
     for pp in stages:
         mem = _split(state, act, tp, pp, devices.count // (tp * pp))
         if mem.total <= budget:
@@ -190,8 +191,9 @@ def resolve(cfg: Any, model_config: Any, seq_len: int, log: Any) -> tuple[Any, d
     An explicit strategy is returned unchanged. ZeRO-2 becomes ``deepspeed`` with ``zero_optimization:
     {stage: 2}`` unless the config names its own DeepSpeed settings, and FSDP2 when DeepSpeed is not
     installed (it shards more, so it fits where ZeRO-2 does). A tensor-parallel plan sets
-    ``train.parallel.tensor`` (FSDP2 over the replicas); one that needs pipeline stages as well is
-    refused with the estimate: this release runs pipeline parallelism only on its own.
+    ``train.parallel.tensor`` (FSDP2 over the replicas), a pipeline plan ``train.parallel.pipeline``
+    (FSDP2 over each stage's replicas), a 3-D plan both; the degrees are validated against the
+    launch and the model (they must divide the world, the heads and the layers).
     """
     if cfg.strategy != "auto":
         return cfg, {}
@@ -210,18 +212,17 @@ def apply(cfg: Any, plan: Plan, model_config: Any, log: Any) -> tuple[Any, dict[
     """The ``train:`` config that runs ``plan`` (validated again: the degrees must fit the launch)."""
     import importlib.util
 
-    if plan.pipeline_parallel > 1:
-        raise ValueError(f"train.strategy: auto chose {plan.describe()}; pipeline stages combined with "
-                         f"tensor or data parallelism are not in this release (train.parallel.pipeline "
-                         f"runs alone, one stage per rank): set train.strategy to fsdp2 (with "
-                         f"train.parallel.tensor) or deepspeed (ZeRO-3 with offload) explicitly")
-    update: dict[str, Any] = {"strategy": plan.strategy}
     tensor = cfg.parallel.tensor if cfg.parallel.tensor > 1 else plan.tensor_parallel  # explicit wins
-    if tensor > 1:
+    stages = cfg.parallel.pipeline if cfg.parallel.pipeline > 1 else plan.pipeline_parallel
+    update: dict[str, Any] = {"strategy": plan.strategy}
+    if tensor > 1 or stages > 1:
         from llmpipe.training.parallel import check_divides
+        from llmpipe.training.pipeline import check_layers
 
         check_divides(model_config, tensor)
-        update = {"strategy": "fsdp2", "parallel": {**cfg.parallel.model_dump(), "tensor": tensor}}
+        check_layers(model_config, stages)
+        update = {"strategy": "fsdp2", "parallel": {**cfg.parallel.model_dump(), "tensor": tensor,
+                                                    "pipeline": stages}}
     elif plan.strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         update["strategy"] = "fsdp2"
         log.info("train.strategy auto: deepspeed is not installed; FSDP2 instead of ZeRO-2")
@@ -231,4 +232,6 @@ def apply(cfg: Any, plan: Plan, model_config: Any, log: Any) -> tuple[Any, dict[
     facts = {"strategy_chosen": update["strategy"], "strategy_plan": plan.describe()}
     if tensor > 1:
         facts["tensor_parallel"] = tensor
+    if stages > 1:
+        facts["pipeline_parallel"] = stages
     return out, facts

@@ -30,7 +30,7 @@ METRIC_PREFIX = "LLMPIPE_METRIC "
 # Fields of a step record that measure the run (speed, memory) rather than the training result: they
 # stay in the run folder's metrics.jsonl and the manifest's stats, never in the published artifact.
 MEASURED_FIELDS = ("tokens_per_s", "flops_per_s", "mfu", "peak_mem_mb", "step_time_s", "data_wait_s",
-                   "data_wait_share", "memory_mb")
+                   "data_wait_share", "memory_mb", "reserved_mb")
 log = logging.getLogger("llmpipe.training.trainer")
 
 
@@ -138,7 +138,8 @@ class Trainer:
         cfg = self.cfg
         self.source = open_packed(self.spec["data_dir"], cfg.split)
         self.seq_len = int(self.spec["seq_len"])
-        # the ranks of one tensor-parallel group read the same micro-batches (parallel.py's layout)
+        # the ranks of one model replica (its tensor and pipeline ranks) read the same micro-batches
+        # (the data-major layout of parallel.py's and pipeline.py's meshes)
         self.dp_rank, self.dp_world = self.rank // cfg.model_parallel, self.world // cfg.model_parallel
         self.order = GlobalOrder(len(self.source), cfg.seed, cfg.global_batch_size, cfg.micro_batch_size,
                                  self.dp_world)
@@ -146,9 +147,10 @@ class Trainer:
         self.model_config = model.config
         self.attn = attn
         if self.rank == 0:
-            log.info("model: %s params, attention=%s, strategy=%s, world=%d, tensor=%d, accum=%d, device=%s",
+            log.info("model: %s params, attention=%s, strategy=%s, world=%d, tensor=%d, pipeline=%d, accum=%d, "
+                     "device=%s",
                      f"{sum(p.numel() for p in model.parameters()):,}", attn, cfg.strategy, self.world,
-                     cfg.parallel.tensor, self.order.accum, self.device)
+                     cfg.parallel.tensor, cfg.parallel.pipeline, self.order.accum, self.device)
         ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", "."))) \
             if cfg.strategy == "deepspeed" else None
         if cfg.parallel.pipeline > 1:  # its own step (pipeline_step): the schedule owns the micro-batches
@@ -161,7 +163,10 @@ class Trainer:
         self.peak = device_peak_flops(self.device)
         self.step = 0
         self.nonfinite_total = self.nonfinite_streak = self.spikes = 0
+        self.overflow_total = self.overflow_streak = 0  # fp16: steps the loss scaler skipped (overflow)
+        self.last_loss_scale: float | None = None
         self.loss_ema: float | None = None
+        self.loader: Any = None  # the prefetching batch loader while ``run`` trains
         torch.manual_seed(cfg.seed + self.dp_rank)  # one stream per replica: a tensor group draws alike
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -188,7 +193,8 @@ class Trainer:
         if self.rank == 0:
             state = {"step": self.step, "samples": self.step * self.cfg.global_batch_size,
                      "nonfinite_total": self.nonfinite_total, "nonfinite_streak": self.nonfinite_streak,
-                     "spikes": self.spikes, "loss_ema": self.loss_ema, "world": self.world}
+                     "spikes": self.spikes, "loss_ema": self.loss_ema, "world": self.world,
+                     "overflow_total": self.overflow_total, "overflow_streak": self.overflow_streak}
             (tmp / "state.json").write_text(json.dumps(state))  # written last: marks it complete
             shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
@@ -217,14 +223,41 @@ class Trainer:
         self.nonfinite_streak = int(state["nonfinite_streak"])
         self.spikes = int(state["spikes"])
         self.loss_ema = state["loss_ema"]
+        self.overflow_total = int(state.get("overflow_total", 0))
+        self.overflow_streak = int(state.get("overflow_streak", 0))
         if self.rank == 0:
             log.info("resumed from %s (step %d, %d samples seen)", path.name, self.step, state["samples"])
 
     # -- the loop --------------------------------------------------------------------------------------
+    def step_batches(self, step: int) -> list[Any]:
+        """This rank's micro-batches of ``step`` on the CPU: (ids, targets, entity mask or None) each; a
+        pipeline engine gets the step's micro-batches as one batch (its schedule splits them)."""
+        from llmpipe.training.data import batch, entity_batch
+
+        accum = range(self.order.accum)
+        if hasattr(self.engine, "train_batch"):
+            idx = [i for a in accum for i in self.order.indices(step, a, self.dp_rank)]
+            return [(*batch(self.source, idx, self.seq_len), None)]
+        out = []
+        for a in accum:
+            idx = self.order.indices(step, a, self.dp_rank)
+            entity = (entity_batch(self.source, idx, self.seq_len)
+                      if self.cfg.loss.entity_weight is not None else None)
+            out.append((*batch(self.source, idx, self.seq_len), entity))
+        return out
+
+    def next_batches(self) -> tuple[list[Any], float]:
+        """The micro-batches of ``self.step`` on the device and the seconds waited for them: from the
+        prefetching loader inside ``run``, else built now (the LR finder and tests step by hand)."""
+        if self.loader is not None:
+            return self.loader.get(self.step)
+        from llmpipe.training.data import BatchLoader
+
+        return BatchLoader(self.step_batches, self.device, self.step, self.step + 1, depth=0).get(self.step)
+
     def train_step(self) -> dict[str, Any]:
         import torch
 
-        from llmpipe.training.data import batch, entity_batch
         from llmpipe.training.engines import surrogate_loss
 
         eng = self.engine
@@ -232,26 +265,32 @@ class Trainer:
             return self.pipeline_step()
         t0 = time.perf_counter()
         lr = self.learning_rate(self.step)
-        losses, bad_step, data_s = [], False, 0.0
-        for a in range(self.order.accum):
-            t_data = time.perf_counter()
-            idx = self.order.indices(self.step, a, self.dp_rank)
-            ids, targets = batch(self.source, idx, self.seq_len)
-            ids, targets = ids.to(self.device), targets.to(self.device)
-            entity = (entity_batch(self.source, idx, self.seq_len).to(self.device)
-                      if self.cfg.loss.entity_weight is not None else None)
-            data_s += time.perf_counter() - t_data
-            last = a == self.order.accum - 1
+        micro, data_s = self.next_batches()
+        # DeepSpeed applies the optimizer inside the last backward: it must know before then whether
+        # the step is skipped, so it checks each micro-batch (a host sync each). The other engines
+        # backward every loss and decide once per step: a non-finite micro-batch only spoils the
+        # gradients of a step that is skipped (its gradients dropped) anyway.
+        per_micro = hasattr(eng, "set_lr")
+        loss_sum: Any = None
+        bad_step = False
+        for a, (ids, targets, entity) in enumerate(micro):
+            last = a == len(micro) - 1
             with eng.sync_context(last):
                 loss, logits = self.forward(ids, targets, entity)
-                bad = self._any(not bool(torch.isfinite(loss.detach())))
-                bad_step = bad_step or bad
-                if last and hasattr(eng, "set_lr"):
-                    eng.set_lr(0.0 if bad_step else lr)  # DeepSpeed steps inside backward at the boundary
+                bad = False
+                if per_micro:
+                    bad = self._any(not bool(torch.isfinite(loss.detach())))
+                    bad_step = bad_step or bad
+                    if last:
+                        eng.set_lr(0.0 if bad_step else lr)
                 eng.backward(surrogate_loss(logits) if bad else loss, self.order.accum)
-            losses.append(float(loss.detach()))
+            value = loss.detach().double()  # summed in order on the device, as Python sums floats
+            loss_sum = value if loss_sum is None else loss_sum + value
+        total = float(loss_sum)  # the one host sync of the step's losses
+        if not per_micro:
+            bad_step = self._any(not math.isfinite(total))
         grad_norm = eng.step(lr, skip=bad_step)
-        loss_mean = float("nan") if bad_step else self._mean(sum(losses) / len(losses))
+        loss_mean = float("nan") if bad_step else self._mean(total / len(micro))
         dt = time.perf_counter() - t0
         rec = self._account(loss_mean, lr, grad_norm, bad_step, dt)
         rec.update(data_wait_s=data_s, data_wait_share=data_s / dt)  # waiting for data: the loader is slow
@@ -260,15 +299,11 @@ class Trainer:
     def pipeline_step(self) -> dict[str, Any]:
         """One step of a pipeline engine: the schedule runs every micro-batch of the step at once, so
         the per-micro-batch ``forward`` hook is not called; a non-finite loss skips the step."""
-        from llmpipe.training.data import batch
-
         t0 = time.perf_counter()
         lr = self.learning_rate(self.step)
-        idx = [i for a in range(self.order.accum) for i in self.order.indices(self.step, a, self.dp_rank)]
-        ids, targets = batch(self.source, idx, self.seq_len)
-        data_s = time.perf_counter() - t0
-        loss = self.engine.train_batch(ids.to(self.device), targets.to(self.device))
-        bad = not math.isfinite(loss)  # the same value on every rank (sent from the last stage)
+        ((ids, targets, _),), data_s = self.next_batches()
+        loss = self.engine.train_batch(ids, targets)
+        bad = not math.isfinite(loss)  # the same value on every rank (the replicas' last stages' mean)
         grad_norm = self.engine.step(lr, skip=bad)
         dt = time.perf_counter() - t0
         rec = self._account(float("nan") if bad else loss, lr, grad_norm, bad, dt)
@@ -314,7 +349,38 @@ class Trainer:
                "mfu": (tps * self.fpt / (self.peak * self.world)) if self.peak else None,
                "peak_mem_mb": _peak_mem_mb(self.device), "step_time_s": dt, "skipped": bad,
                "tokens": (self.step + 1) * tokens}
+        if self.device.type == "cuda":
+            import torch
+
+            rec["reserved_mb"] = torch.cuda.memory_reserved(self.device) / 2**20  # the caching allocator's
+        scale = self.engine.loss_scale()
+        if scale is not None:
+            rec.update(loss_scale=scale, overflow_skipped=self._watch_loss_scale(scale))
         return rec
+
+    def _watch_loss_scale(self, scale: float) -> bool:
+        """fp16: count the steps the loss scaler skipped (inf/NaN gradients: it lowers the scale) and warn
+        when the scale falls below ``guards.loss_scale_floor`` or ``guards.overflow_skips_warn`` steps in
+        a row were skipped: mixed precision has stopped training. Returns whether this step was skipped."""
+        guards, over = self.cfg.guards, bool(self.engine.overflowed)
+        self.overflow_total += over
+        self.overflow_streak = self.overflow_streak + 1 if over else 0
+        prev, self.last_loss_scale = self.last_loss_scale, scale
+        if self.rank != 0:
+            return over
+        if over:
+            log.info("step %d: fp16 gradient overflow, step skipped by the loss scaler (scale now %g)",
+                     self.step + 1, scale)
+        if over and self.overflow_streak == guards.overflow_skips_warn:
+            log.warning("step %d: the fp16 loss scaler skipped %d steps in a row (scale now %g; "
+                        "train.guards.overflow_skips_warn): the gradients overflow at every step, the model "
+                        "does not train; check that scaler.update() runs, lower train.optimizer.lr, or use bf16",
+                        self.step + 1, self.overflow_streak, scale)
+        if scale < guards.loss_scale_floor and (prev is None or prev >= guards.loss_scale_floor):
+            log.warning("step %d: the fp16 loss scale fell to %g, below train.guards.loss_scale_floor (%g): "
+                        "small gradients underflow in fp16 now; lower train.optimizer.lr, check the data, or "
+                        "use bf16", self.step + 1, scale, guards.loss_scale_floor)
+        return over
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -325,9 +391,34 @@ class Trainer:
         metrics_path = self.run_dir / "metrics.jsonl"
         if self.rank == 0:
             self._truncate_metrics(metrics_path)
+        from llmpipe.training.data import BatchLoader
         from llmpipe.training.watch import RunWatch
 
         watch = RunWatch(cfg, self.device, self.run_dir, self.rank)
+        self.loader = BatchLoader(self.step_batches, self.device, self.step, cfg.max_steps, cfg.launch.prefetch)
+        try:
+            self._loop(metrics_path, watch)
+        finally:
+            self.loader.close()
+            self.loader = None
+        watch.close()
+        self.save_checkpoint()
+        self.export()
+        import torch
+
+        # CPU kernels split their float reductions by thread count: the bits of the weights (and so
+        # the stage's bytes for one key) are the same only at the same threads per process
+        scale = self.engine.loss_scale()
+        fp16 = {"overflow_skipped_steps": self.overflow_total, "loss_scale": scale} if scale is not None else {}
+        summary = {"steps": self.step, "nonfinite_steps": self.nonfinite_total, "loss_spikes": self.spikes, **fp16,
+                   "attention": self.attn, "world_size": self.world, "threads_per_process": torch.get_num_threads(),
+                   **({"engine": self.engine.name} if self.cfg.model_parallel > 1 else {})}
+        if self.rank == 0:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    def _loop(self, metrics_path: Path, watch: Any) -> None:
+        cfg = self.cfg
         while self.step < cfg.max_steps:
             with watch.step(self.step):
                 rec = self.train_step()
@@ -338,24 +429,12 @@ class Trainer:
                     f.write(json.dumps(rec) + "\n")
                 if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                     print(METRIC_PREFIX + json.dumps(rec), flush=True)
-                    log.info("step %d/%d loss %.4f lr %.2e gnorm %.3f tok/s %.0f", self.step, cfg.max_steps,
-                             rec["loss"], rec["lr"], rec["grad_norm"], rec["tokens_per_s"])
+                    log.info("step %d/%d loss %.4f lr %.2e gnorm %.3f tok/s %.0f data-wait %.0f%%", self.step,
+                             cfg.max_steps, rec["loss"], rec["lr"], rec["grad_norm"], rec["tokens_per_s"],
+                             100 * rec["data_wait_share"])
             every = cfg.checkpoint.every
             if every and self.step % every == 0 and self.step < cfg.max_steps:
                 self.save_checkpoint()
-        watch.close()
-        self.save_checkpoint()
-        self.export()
-        import torch
-
-        # CPU kernels split their float reductions by thread count: the bits of the weights (and so
-        # the stage's bytes for one key) are the same only at the same threads per process
-        summary = {"steps": self.step, "nonfinite_steps": self.nonfinite_total, "loss_spikes": self.spikes,
-                   "attention": self.attn, "world_size": self.world, "threads_per_process": torch.get_num_threads(),
-                   **({"engine": self.engine.name} if self.cfg.model_parallel > 1 else {})}
-        if self.rank == 0:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary))
-        return summary
 
     def _truncate_metrics(self, path: Path) -> None:
         """On resume, drop records past the checkpoint so the curve has each step exactly once."""

@@ -119,7 +119,7 @@ class RunWatch:
         if warning is not None:
             log.warning("step %d: %s\n%s", rec["step"], warning, memory_report(self.device))
         if self.writer is not None:
-            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "data_wait_share", "mfu"):
+            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "data_wait_share", "mfu", "loss_scale"):
                 value = rec.get(name)
                 if isinstance(value, (int, float)) and value == value:  # not None, not NaN
                     self.writer.add_scalar(f"train/{name}", value, rec["step"])

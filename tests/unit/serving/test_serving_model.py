@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmpipe.serving.triton_model import BadRequest, Generator, Limits, TextDeltas
+from llmpipe.serving.triton_model import BadRequest, Generator, Limits, TextDeltas, decode_batch
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +67,58 @@ def test_bad_requests_are_refused_with_a_reason(gen: Generator, args: tuple, mes
         gen.parse(*args)
 
 
-def test_defaults_and_trim_at_eos(gen: Generator) -> None:
+def test_defaults(gen: Generator) -> None:
     assert gen.parse(b"hi", None, None, None).max_tokens == 6
-    eos = next(iter(gen.eos_ids))
-    assert gen._trim([4, eos, 5, 6], 10) == [4, eos]
-    assert gen._trim([4, 5, 6], 2) == [4, 5]
+
+
+def _left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    keep = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        keep[i, width - len(r):] = True
+    return ids, keep
+
+
+def test_decode_loop_equals_generate_on_a_left_padded_batch(gen: Generator) -> None:
+    rows = [gen.tokenizer(p)["input_ids"] for p in PROMPTS]
+    assert len({len(r) for r in rows}) > 1  # different lengths: rows with and without left padding
+    ids, keep = _left_padded(rows, gen.pad_id)
+    with torch.inference_mode():
+        ref = gen.model.generate(input_ids=ids, attention_mask=keep.long(), max_new_tokens=14, min_new_tokens=14,
+                                 do_sample=False, pad_token_id=gen.pad_id)[:, ids.shape[1]:].tolist()
+    got = decode_batch(gen.model, ids, keep, [14] * len(rows), eos_ids=set())  # no EOS: all 14 steps compared
+    assert got == ref
+    ones = decode_batch(gen.model, ids[1:2, -len(rows[1]):], keep[1:2, -len(rows[1]):], [14], eos_ids=set())
+    assert ones == [ref[1]]  # unpadded, alone (no mask at all): the same tokens
+
+
+def test_decode_loop_stops_each_row_at_its_budget_and_its_eos(gen: Generator) -> None:
+    rows = [gen.tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
+    ids, keep = _left_padded(rows, gen.pad_id)
+    free = decode_batch(gen.model, ids, keep, [10, 10, 10], eos_ids=set())
+    eos = free[0][3]  # the token row 0 picks 4th: call it end-of-sequence
+    events: list[tuple[int, int, bool]] = []
+    got = decode_batch(gen.model, ids, keep, [10, 2, 10], eos_ids={eos},
+                       on_token=lambda row, tok, last: events.append((row, tok, last)))
+    assert got[0] == free[0][: free[0].index(eos) + 1] and got[0][-1] == eos
+    assert got[1] == free[1][:2]
+    assert got[2] == (free[2][: free[2].index(eos) + 1] if eos in free[2] else free[2])
+    for row, want in enumerate(got):  # streamed in order, the last one flagged, nothing after it
+        mine = [(tok, last) for r, tok, last in events if r == row]
+        assert mine == [(t, i == len(want) - 1) for i, t in enumerate(want)]
+
+
+def test_sampling_follows_the_temperature(gen: Generator) -> None:
+    ids, keep = _left_padded([gen.tokenizer(PROMPTS[0])["input_ids"]] * 8, gen.pad_id)
+    greedy = decode_batch(gen.model, ids, keep, [8] * 8, eos_ids=set())
+    cold = decode_batch(gen.model, ids, keep, [8] * 8, eos_ids=set(), temperature=1e-4,
+                        rng=torch.Generator().manual_seed(0))
+    hot = decode_batch(gen.model, ids, keep, [8] * 8, eos_ids=set(), temperature=5.0,
+                       rng=torch.Generator().manual_seed(0))
+    assert cold == greedy  # a near-zero temperature samples the argmax
+    assert len({tuple(r) for r in hot}) > 1  # a high one spreads the same prompt over different answers
 
 
 def test_streamed_tokens_are_the_batch_answer_in_order(gen: Generator) -> None:

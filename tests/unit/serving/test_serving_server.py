@@ -60,6 +60,8 @@ def test_greedy_output_equals_transformers_generate(server: srv.TritonServer, ti
             g = c.generate(prompt=prompt, max_tokens=10)
             assert g.output_ids == ref
             assert g.text == tok.decode(ref, skip_special_tokens=True)
+            again = c.prepare(prompt=prompt, max_tokens=10)  # built once, sent twice (the load test's way)
+            assert c.generate(prepared=again) == g and c.generate(prepared=again) == g
         # Multi-element INT64 ids arrive unchanged (the numpy path of Triton 2.51 + numpy 2 would repeat
         # the first element): the answer matches the reference for these exact, distinct ids.
         ids = [7, 150, 33, 201, 12, 99]

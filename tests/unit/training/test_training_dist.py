@@ -2,7 +2,8 @@
 
 One DDP run through the ``pretrain`` stage is the reference. Every strategy (DDP, FSDP2, ZeRO-1/2/3,
 ZeRO-2 + optimizer offload, tensor parallel on 2 ranks, FSDP2 x tensor parallel on 4, 2 pipeline
-stages) and the
+stages, 2 pipeline stages x 2 FSDP2 replicas on 4, 2 stages x 2 tensor ranks on 4, and 2 x 2 x 2 FSDP2
+replicas on 8: 3-D) and the
 two-"node" loopback run is then killed after step 5, resumed
 from its step-3 checkpoint, and must reproduce the reference loss at every step: bitwise for DDP,
 within 1e-5 for the others (all are the same fp32 math on the same global batches).
@@ -141,6 +142,12 @@ STRATEGY_CASES = {
     # 2 replicas x 2 tensor ranks: FSDP2 over the data dimension of a 2-D mesh (torchtitan's FSDP x TP)
     "fsdp2_x_tensor2": {"strategy": "fsdp2", "parallel": {"tensor": 2}, "launch": {"nproc_per_node": 4}},
     "pipeline2": {"parallel": {"pipeline": 2}},  # one decoder layer per rank, 1F1B over 4 micro-batches
+    # 2 stages x 2 replicas: each stage FSDP2-sharded over its replicas on a (dp, pp) mesh (torchtitan's PP x FSDP)
+    "pipeline2_x_data2": {"strategy": "fsdp2", "parallel": {"pipeline": 2}, "launch": {"nproc_per_node": 4}},
+    # 2 stages, each split over 2 tensor ranks; then x 2 FSDP2 replicas: 3-D on 8 ranks
+    "pipeline2_x_tensor2": {"parallel": {"pipeline": 2, "tensor": 2}, "launch": {"nproc_per_node": 4}},
+    "pipeline2_x_tensor2_x_data2": {"strategy": "fsdp2", "parallel": {"pipeline": 2, "tensor": 2},
+                                    "launch": {"nproc_per_node": 8}},
 }
 PARALLEL_CASES = {**STRATEGY_CASES, "pipeline2_gpipe": {"parallel": {"pipeline": 2, "schedule": "gpipe"}}}
 
@@ -208,11 +215,13 @@ def one_process(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_tra
     return _losses(tmp_path_factory.mktemp("one"), packed, worker_spec, train)
 
 
-@pytest.mark.parametrize("case", ["tensor2", "fsdp2_x_tensor2", "pipeline2", "pipeline2_gpipe"])
+@pytest.mark.parametrize("case", ["tensor2", "fsdp2_x_tensor2", "pipeline2", "pipeline2_gpipe", "pipeline2_x_data2",
+                                  "pipeline2_x_tensor2", "pipeline2_x_tensor2_x_data2"])
 def test_tensor_parallel_matches_one_process(case: str, one_process: list[dict[str, Any]], tmp_path: Path,
                                              packed: Path, tiny_train, worker_spec) -> None:
-    """Tensor parallel (heads and MLP split, DTensor) on 2 ranks, FSDP2 x TP on 4, and 2 pipeline
-    stages (1F1B and GPipe) against one process over 10 steps: the same global batches, so the same
+    """Tensor parallel (heads and MLP split, DTensor) on 2 ranks, FSDP2 x TP on 4, 2 pipeline
+    stages (1F1B and GPipe), 2 stages x 2 FSDP2 replicas on 4, 2 stages x 2 tensor ranks on 4 and the
+    3-D 2 x 2 x 2 on 8, against one process over 10 steps: the same global batches, so the same
     losses and gradient norms up to float summation order."""
     tp = _losses(tmp_path, packed, worker_spec, tiny_train(**PARALLEL_CASES[case], max_steps=10,
                                                           checkpoint={"every": 0}))
@@ -224,3 +233,30 @@ def test_tensor_parallel_matches_one_process(case: str, one_process: list[dict[s
         diff = max(abs(a[key] - b[key]) for a, b in zip(one, tp, strict=True))
         print(f"{case} vs one process: max |d {key}| = {diff:.2e}")
         assert diff <= 1e-5, (key, diff, [m[key] for m in one], [m[key] for m in tp])
+
+
+@pytest.fixture(scope="module")
+def one_process_bf16(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train,
+                     worker_spec) -> list[dict[str, Any]]:
+    """10 bf16 steps in one process (autocast): the reference of the bf16 model-parallel runs."""
+    train = tiny_train(max_steps=10, precision="bf16", checkpoint={"every": 0}, launch={"nproc_per_node": 1})
+    return _losses(tmp_path_factory.mktemp("one_bf16"), packed, worker_spec, train)
+
+
+@pytest.mark.parametrize("case", ["tensor2", "pipeline2_x_data2"])
+def test_bf16_model_parallel_matches_one_process_bf16(case: str, one_process_bf16: list[dict[str, Any]],
+                                                      one_process: list[dict[str, Any]], tmp_path: Path,
+                                                      packed: Path, tiny_train, worker_spec) -> None:
+    """bf16 tensor parallel (autocast, as one process) and bf16 pipeline x FSDP2 (FSDP casts the
+    parameters to bf16, reduces gradients in fp32) against the one-process bf16 run over 10 steps: the
+    loss within half a bf16 ulp (2e-3 relative; measured about 5e-4, the size of bf16 against fp32),
+    the grad norm, a sum over every parameter's rounding, within 5e-2 (measured up to 2e-2)."""
+    run = _losses(tmp_path, packed, worker_spec, tiny_train(**PARALLEL_CASES[case], precision="bf16", max_steps=10,
+                                                           checkpoint={"every": 0}))
+    ref = one_process_bf16
+    assert [m["step"] for m in run] == list(range(1, 11)) and ref[-1]["loss"] < ref[0]["loss"] - 0.2
+    for key in ("loss", "grad_norm"):
+        rel = max(abs(a[key] - b[key]) / abs(b[key]) for a, b in zip(run, ref, strict=True))
+        fp32 = max(abs(a[key] - b[key]) / abs(b[key]) for a, b in zip(one_process, ref, strict=True))
+        print(f"{case} bf16 vs one process bf16: max rel |d {key}| = {rel:.2e} (fp32 vs bf16: {fp32:.2e})")
+        assert rel <= {"loss": 2e-3, "grad_norm": 5e-2}[key], (key, rel, [m[key] for m in ref], [m[key] for m in run])

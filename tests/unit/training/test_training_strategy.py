@@ -73,9 +73,10 @@ def test_auto_in_the_config_resolves_to_ddp_for_the_tiny_model_and_explicit_wins
     assert resolve(explicit, conf, 128, log) == (explicit, {})
 
 
-def test_a_tensor_parallel_plan_sets_train_parallel_and_pipeline_is_refused() -> None:
+def test_a_tensor_parallel_plan_sets_train_parallel_and_a_3d_plan_sets_both_degrees() -> None:
     """13B on one 8-GPU node without checkpointing: tensor parallel 8 (FSDP2 over the replicas);
-    175B on 512 GPUs needs pipeline stages, which this release refuses by name."""
+    175B on 64 nodes of 8 GPUs: tensor 8 x pipeline 2 x FSDP2 data 32 (3-D). What is still refused:
+    degrees that do not fit the launch."""
     import logging
 
     from transformers import LlamaConfig
@@ -95,8 +96,45 @@ def test_a_tensor_parallel_plan_sets_train_parallel_and_pipeline_is_refused() ->
               choose(B13, NODE, seq_len=2048, micro_batch=1), conf, log)
     big = choose(B175, Devices(count=512, per_node=8, memory=80 * GB), seq_len=2048, micro_batch=1,
                  checkpointing=True)
-    with pytest.raises(ValueError, match="pipeline stages combined with tensor or data parallelism are not"):
-        apply(auto, big, conf, log)
+    assert (big.tensor_parallel, big.pipeline_parallel, big.data_parallel) == (8, 2, 32)
+    conf175 = LlamaConfig(hidden_size=12288, intermediate_size=49152, num_hidden_layers=96, num_attention_heads=96,
+                          num_key_value_heads=96)
+    nodes = {"nproc_per_node": 8, "nodes": 64, "rdzv_endpoint": "node0:29400"}
+    cfg, facts = apply(TrainConfig(strategy="auto", global_batch_size=128, launch=nodes), big, conf175, log)
+    assert (cfg.strategy, cfg.parallel.tensor, cfg.parallel.pipeline, cfg.data_parallel) == ("fsdp2", 8, 2, 32)
+    assert (facts["tensor_parallel"], facts["pipeline_parallel"]) == (8, 2)
+    with pytest.raises(ValueError, match=r"parallel.pipeline \(2\) x parallel.tensor \(8\) must divide the world"):
+        apply(auto, big, conf175, log)  # planned for 512 devices, launched on 8
+
+
+def test_a_pipeline_plan_runs_pipeline_x_data_parallel() -> None:
+    """175B on 512 single-GPU nodes: no tensor parallel inside a node of one device, so the planner's
+    3D answer is pipeline stages x FSDP2 data parallel, which ``apply`` turns into train.parallel."""
+    import logging
+
+    from transformers import LlamaConfig
+
+    from llmpipe.training.config import TrainConfig
+    from llmpipe.training.strategy import apply
+
+    log = logging.getLogger("test.strategy")
+    plan = choose(B175, Devices(count=512, per_node=1, memory=80 * GB), seq_len=2048, micro_batch=1,
+                  checkpointing=True)
+    assert (plan.tensor_parallel, plan.pipeline_parallel, plan.data_parallel, plan.fits) == (1, 2, 256, True)
+    conf = LlamaConfig(hidden_size=12288, intermediate_size=49152, num_hidden_layers=96, num_attention_heads=96,
+                       num_key_value_heads=96)
+    auto = TrainConfig(strategy="auto", global_batch_size=1024, micro_batch_size=2,
+                       launch={"nproc_per_node": 1, "nodes": 512, "rdzv_endpoint": "node0:29400"})
+    cfg, facts = apply(auto, plan, conf, log)
+    assert (cfg.strategy, cfg.parallel.pipeline, cfg.parallel.tensor, cfg.data_parallel) == ("fsdp2", 2, 1, 256)
+    assert facts["pipeline_parallel"] == 2 and "tensor_parallel" not in facts
+    with pytest.raises(ValueError, match=r"2 stages do not divide the model's num_hidden_layers \(95\)"):
+        apply(auto, plan, LlamaConfig(num_hidden_layers=95), log)
+    # whole layers per stage: 40 layers on 64 devices of 1 GB fit nowhere, and the deepest split the
+    # planner reports is 8 stages (dividing 40 and 64), not 32
+    odd = choose(ModelShape(175_000_000_000, 40, 12288, 96), Devices(count=64, per_node=1, memory=GB),
+                 seq_len=2048, micro_batch=1, checkpointing=True)
+    assert (odd.pipeline_parallel, odd.data_parallel, odd.fits) == (8, 8, False)
 
 
 def test_parallel_tensor_is_checked_against_the_launch_and_the_model() -> None:
@@ -113,11 +151,29 @@ def test_parallel_tensor_is_checked_against_the_launch_and_the_model() -> None:
     assert TrainConfig(strategy="fsdp2", parallel={"tensor": 2}, launch={"nproc_per_node": 4}).data_parallel == 2
     with pytest.raises(ValueError, match=r"does not divide the model's num_key_value_heads \(2\)"):
         check_divides(llama_config("tiny", 128, {"num_key_value_heads": 2}), 4)
-    with pytest.raises(ValueError, match="needs parallel.tensor 1 and a world size of 2"):
+    with pytest.raises(ValueError, match=r"parallel.pipeline \(2\) on 4 ranks leaves 2 data-parallel replicas: "
+                                         r"that needs strategy fsdp2"):
         TrainConfig(parallel={"pipeline": 2}, launch={"nproc_per_node": 4})
+    assert TrainConfig(strategy="fsdp2", parallel={"pipeline": 2}, launch={"nproc_per_node": 4}).data_parallel == 2
+    assert TrainConfig(parallel={"pipeline": 2, "tensor": 2}, launch={"nproc_per_node": 4}).data_parallel == 1
+    with pytest.raises(ValueError, match=r"parallel.pipeline \(2\) x parallel.tensor \(2\) on 8 ranks leaves 2 "
+                                         r"data-parallel replicas: that needs strategy fsdp2"):
+        TrainConfig(parallel={"pipeline": 2, "tensor": 2}, launch={"nproc_per_node": 8})
+    with pytest.raises(ValueError, match=r"parallel.pipeline \(2\) x parallel.tensor \(2\) must divide the world size"):
+        TrainConfig(strategy="fsdp2", parallel={"pipeline": 2, "tensor": 2}, launch={"nproc_per_node": 6})
+    with pytest.raises(ValueError, match=r"parallel.pipeline \(3\) must divide the world size"):
+        TrainConfig(strategy="fsdp2", parallel={"pipeline": 3}, launch={"nproc_per_node": 4})
+    with pytest.raises(ValueError, match=r"parallel.schedule 1f1b needs at least parallel.pipeline \(4\) "
+                                         r"micro-batches per replica and step, got 1"):
+        TrainConfig(strategy="fsdp2", parallel={"pipeline": 4}, global_batch_size=4, launch={"nproc_per_node": 8})
+    with pytest.raises(ValueError, match=r"multiple of micro_batch_size \(2\) x 2 data-parallel replicas"):
+        TrainConfig(strategy="fsdp2", parallel={"pipeline": 2}, global_batch_size=6, launch={"nproc_per_node": 4})
     with pytest.raises(ValueError, match="entity loss"):
         TrainConfig(parallel={"pipeline": 2}, loss={"entity_weight": 2.0})
     from llmpipe.training.pipeline import check_layers
 
     with pytest.raises(ValueError, match=r"3 stages do not divide the model's num_hidden_layers \(2\)"):
         check_layers(llama_config("tiny", 128), 3)
+    with pytest.raises(ValueError, match=r"train.model.overrides.tie_word_embeddings\) live on different stages"):
+        check_layers(llama_config("tiny", 128, {"tie_word_embeddings": True}), 2)
+    check_layers(llama_config("tiny", 128, {"tie_word_embeddings": True}), 1)  # one stage holds both

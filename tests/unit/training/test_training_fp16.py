@@ -1,0 +1,115 @@
+"""fp16 loss scaling reported per step: fp16 autocast with torch's GradScaler on the CPU, real overflows
+(a loss scaled up until its fp16 gradients are inf), skipped steps counted, the floor and the streak
+warned about, the counters carried through a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from llmpipe.training.config import TrainConfig
+from llmpipe.training.trainer import Trainer
+
+OVERFLOW = 1e30  # a finite fp32 loss whose gradients overflow fp16 (max 65504) in the backward
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class OverflowTrainer(Trainer):
+    """At the 0-based steps ``test_overflow_steps`` the loss is multiplied by 1e30: still finite (so the
+    non-finite guard lets it through), but its gradients overflow in the fp16 backward."""
+
+    def forward(self, ids: Any, targets: Any, entity: Any = None) -> tuple[Any, Any]:
+        loss, logits = super().forward(ids, targets, entity)
+        if self.step in set(self.spec.get("test_overflow_steps", [])):
+            loss = loss * OVERFLOW
+        return loss, logits
+
+
+def _cfg(tiny_train: Any, **over: Any) -> TrainConfig:
+    kw: dict[str, Any] = dict(precision="fp16", max_steps=8, checkpoint={"every": 0}, watch={"tensorboard": False},
+                              guards={"overflow_skips_warn": 3, "loss_scale_floor": 10000.0},
+                              launch={"nproc_per_node": 1, "device": "cpu"})
+    kw.update(over)
+    return TrainConfig(**tiny_train(**kw))
+
+
+def _records(root: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_overflowed_steps_are_skipped_counted_and_warned_about(tmp_path: Path, packed: Path, tiny_train,
+                                                               worker_spec, caplog) -> None:
+    spec = worker_spec(_cfg(tiny_train, watch={"tensorboard": True}), packed, tmp_path, test_overflow_steps=[2, 3, 4])
+    with caplog.at_level(logging.INFO, logger="llmpipe.training.trainer"):
+        summary = OverflowTrainer(spec).run()
+    recs = _records(tmp_path)
+    assert [r["loss_scale"] for r in recs] == [65536.0, 65536.0, 32768.0, 16384.0, 8192.0, 8192.0, 8192.0, 8192.0]
+    assert [r["overflow_skipped"] for r in recs] == [False, False, True, True, True, False, False, False]
+    assert not any(r["skipped"] for r in recs)  # the loss was finite: the scaler skipped, not the guard
+    assert all(math.isfinite(r["loss"]) for r in recs)
+    assert summary["overflow_skipped_steps"] == 3 and summary["loss_scale"] == 8192.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    streak = [w for w in warnings if "skipped 3 steps in a row" in w]
+    floor = [w for w in warnings if "below train.guards.loss_scale_floor" in w]
+    assert len(streak) == 1 and streak[0].startswith("step 5:") and "scaler.update()" in streak[0], warnings
+    assert len(floor) == 1 and floor[0].startswith("step 5: the fp16 loss scale fell to 8192"), warnings
+    assert sum("fp16 gradient overflow, step skipped" in r.getMessage() for r in caplog.records) == 3
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/loss_scale")] == [r["loss_scale"] for r in recs]
+
+
+def test_an_overflowed_step_leaves_the_weights_and_the_optimizer_alone(tmp_path: Path, packed: Path, tiny_train,
+                                                                       worker_spec) -> None:
+    tr = OverflowTrainer(worker_spec(_cfg(tiny_train), packed, tmp_path, test_overflow_steps=[1]))
+    tr.setup()
+    snapshots = []
+    for step in range(3):
+        tr.step = step
+        snapshots.append({k: v.detach().clone() for k, v in tr.engine.module.state_dict().items()})
+        rec = tr.train_step()
+        assert rec["overflow_skipped"] is (step == 1)
+    after = {k: v.detach().clone() for k, v in tr.engine.module.state_dict().items()}
+    assert all(torch.equal(snapshots[1][k], snapshots[2][k]) for k in after)  # step 2 (overflowed) changed nothing
+    assert not all(torch.equal(snapshots[2][k], after[k]) for k in after)  # step 3 trained again
+
+
+def test_fp32_and_bf16_steps_carry_no_loss_scale(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    for prec in ("fp32", "bf16"):
+        summary = Trainer(worker_spec(_cfg(tiny_train, precision=prec, max_steps=2), packed, tmp_path / prec)).run()
+        assert "overflow_skipped_steps" not in summary
+        assert all("loss_scale" not in r for r in _records(tmp_path / prec))
+
+
+def test_a_resumed_fp16_run_keeps_the_scale_and_the_skip_counts(tmp_path: Path, packed: Path, tiny_train,
+                                                                worker_spec) -> None:
+    import shutil
+
+    cfg = _cfg(tiny_train, max_steps=6, checkpoint={"every": 3, "keep": 2})
+    whole = tmp_path / "whole"
+    OverflowTrainer(worker_spec(cfg, packed, whole, test_overflow_steps=[1, 4])).run()
+    part = tmp_path / "part"
+    shutil.copytree(whole, part)
+    shutil.rmtree(part / "checkpoints" / "step_00000006")  # as if killed after step 5: resume at step 3
+    # step 2's overflow is not injected again: only a resumed run counts it and starts at its scale
+    summary = OverflowTrainer(worker_spec(cfg, packed, part, test_overflow_steps=[4])).run()
+    assert summary["overflow_skipped_steps"] == 2  # the skip of step 2 came back with the checkpoint
+    resumed, reference = _records(part), _records(whole)
+    assert [r["loss_scale"] for r in resumed] == [r["loss_scale"] for r in reference] == \
+        [65536.0, 32768.0, 32768.0, 32768.0, 16384.0, 16384.0]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in reference]
