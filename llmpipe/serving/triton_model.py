@@ -42,8 +42,9 @@ ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an erro
 TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
 
-# on_token(row, token id, last): called once per new token of each request, ``last`` on its final one
-TokenCallback = Callable[[int, int, bool], None]
+# on_token(row, token id, last): called once per new token of each request, ``last`` on its final one;
+# returning True ends that row there (its client cancelled): no more tokens are generated for it
+TokenCallback = Callable[[int, int, bool], bool | None]
 
 
 class BadRequest(ValueError):
@@ -116,8 +117,8 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
     passes; 16 tokens for 8 requests then take about 1.25 times what they take for one. Greedy output
     equals ``model.generate`` greedy output (a test pins it). ``keep`` marks real tokens (False on the
     left padding). Row ``i`` gets at most ``budgets[i]`` tokens and stops after an end-of-sequence
-    token; ``on_token(row, token, last)`` sees each new token as soon as it is picked; the loop ends
-    when every row is done.
+    token; ``on_token(row, token, last)`` sees each new token as soon as it is picked and ends the row
+    when it returns True (a cancelled stream); the loop ends when every row is done.
     """
     from transformers import DynamicCache
 
@@ -141,8 +142,8 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
             out[row].append(tok)
             last = len(out[row]) >= budgets[row] or tok in eos_ids
             live[row] = not last
-            if on_token is not None:
-                on_token(row, tok, last)
+            if on_token is not None and on_token(row, tok, last):
+                live[row] = False
         if not any(live):
             break
         length += 1
@@ -235,7 +236,7 @@ class Generator:
 
 def _reindex(on_token: TokenCallback, idx: list[int]) -> TokenCallback:
     """A group's row numbers mapped back to the request's index in the whole batch."""
-    return lambda row, tok, last: on_token(idx[row], tok, last)
+    return lambda row, tok, last: on_token(idx[row], tok, last)  # passes a stop (True) on
 
 
 class TextDeltas:
@@ -423,18 +424,19 @@ class TritonPythonModel:
         done = [False] * len(live)
         sent = [0] * len(live)
 
-        def on_token(row: int, token: int, last: bool) -> None:
+        def on_token(row: int, token: int, last: bool) -> bool:
             if done[row]:  # closed (cancelled by its client)
-                return
+                return True
             sender = senders[live[row]]
             done[row] = last
             # asking costs a round trip to the server, like a send: every CANCEL_CHECK_EVERY tokens
             if sent[row] % CANCEL_CHECK_EVERY == 0 and sender.is_cancelled():
                 done[row] = True  # the client went away: close its stream, send nothing more
                 out.put(sender, None, final)
-                return
+                return True  # and stop generating for it: a batch of cancelled streams ends here
             sent[row] += 1
             out.put(sender, _answer(deltas[row].add(token, last), [token]), final if last else 0)
+            return False
 
         try:
             if live:

@@ -86,7 +86,8 @@ def surrogate_loss(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Engine:
-    """The shared part: autocast, AdamW, grad scaling and clipping for torch-native strategies."""
+    """The shared part: autocast, AdamW, grad scaling and clipping for torch-native strategies (fp16:
+    GradScaler here, ShardedGradScaler in the DTensor engines, see ``sharded_scaler``)."""
 
     name = "base"
 
@@ -138,6 +139,11 @@ class Engine:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        self.apply_step()
+        return float(norm)
+
+    def apply_step(self) -> None:
+        """The optimizer step of unscaled, clipped gradients; under fp16 the scaler's (a skip on inf/NaN)."""
         if self.scaler is not None:
             before = self.loss_scale()
             self.scaler.step(self.optimizer)  # skips the optimizer step when a gradient is inf/NaN
@@ -147,7 +153,6 @@ class Engine:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
 
     def loss_scale(self) -> float | None:
         """fp16: the loss scale now (None without loss scaling); a host sync the first time after a load."""
@@ -220,6 +225,17 @@ def _fully_shard(model: torch.nn.Module, cfg: TrainConfig, mesh: Any = None) -> 
     return "mp_policy" in kw
 
 
+def sharded_scaler(cfg: TrainConfig, device: torch.device) -> Any:
+    """fp16 loss scaling for DTensor-sharded gradients (FSDP2, tensor parallel): torch's
+    ``ShardedGradScaler`` unscales each rank's shards and all-reduces the inf/NaN flag, so an
+    overflow on any rank skips the same step on every rank and the scale stays the same everywhere."""
+    if cfg.precision != "fp16":
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device.type)
+
+
 class DCPEngine(Engine):
     """Checkpoints of DTensor-sharded models (FSDP2, tensor parallel) via torch.distributed.checkpoint."""
 
@@ -235,6 +251,8 @@ class DCPEngine(Engine):
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
+        if self.scaler is not None and _rank() == 0:  # the same on every rank (its inf flag is all-reduced)
+            torch.save(self.scaler.state_dict(), path / "scaler.pt")
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -244,6 +262,9 @@ class DCPEngine(Engine):
         dcp.load(state, checkpoint_id=str(path / "dcp"))
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+        if self.scaler is not None and (path / "scaler.pt").is_file():
+            self.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+            self._scale = None
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -263,11 +284,21 @@ class FSDP2Engine(DCPEngine):
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32  # FSDP casts parameters itself
-        self.scaler = None
+        self.scaler = sharded_scaler(cfg, device)
         if cfg.compile:
             self.model = torch.compile(model)
         self.module = model
         self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
+
+
+def _dtensors_first(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups with their DTensor parameters ahead of the plain ones: the scaler unscales each
+    dtype's gradients in one DTensor op whose inf check reads the mesh off the first gradient, so
+    a plain (replicated, not split) one must not come first. Per-parameter AdamW: the order changes
+    nothing else."""
+    from torch.distributed.tensor import DTensor
+
+    return [{**g, "params": sorted(g["params"], key=lambda p: not isinstance(p, DTensor))} for g in groups]
 
 
 class TensorParallelEngine(DCPEngine):
@@ -289,7 +320,7 @@ class TensorParallelEngine(DCPEngine):
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32
-        self.scaler = None
+        self.scaler = sharded_scaler(cfg, device)
         if cfg.compile:
             self.model = torch.compile(model)
         self.module = model
@@ -297,18 +328,25 @@ class TensorParallelEngine(DCPEngine):
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         c = self.cfg.optimizer
+        if self.scaler is not None:
+            params = _dtensors_first(params)
         return torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), eps=c.eps)  # fused: no DTensor
 
     def step(self, lr: float, skip: bool) -> float:
         """As the base, with a grad norm over DTensor and plain gradients (``parallel.clip_grad_norm``)."""
         from llmpipe.training.parallel import clip_grad_norm
 
+        self.overflowed = False
         if not set_lr_or_skip(self.optimizer, lr, skip):
             return float("nan")
+        if self.scaler is not None:
+            from torch.distributed.tensor.experimental import implicit_replication
+
+            with implicit_replication():  # the plain (not split) gradients are replicated over the tp ranks
+                self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optimizer.grad_clip
         norm = clip_grad_norm(self.module.parameters(), clip if clip > 0 else float("inf"))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.apply_step()
         return norm
 
 

@@ -113,3 +113,56 @@ def test_a_resumed_fp16_run_keeps_the_scale_and_the_skip_counts(tmp_path: Path, 
     assert [r["loss_scale"] for r in resumed] == [r["loss_scale"] for r in reference] == \
         [65536.0, 32768.0, 32768.0, 32768.0, 16384.0, 16384.0]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in reference]
+
+
+SHARDED_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tensor2": {"parallel": {"tensor": 2}},
+                 "fsdp2_x_tensor2": {"strategy": "fsdp2", "parallel": {"tensor": 2}, "launch": {"nproc_per_node": 4}}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SHARDED_CASES))
+def test_sharded_fp16_runs_scale_the_loss_and_skip_an_overflow_on_every_rank(case: str, tmp_path: Path,
+                                                                            packed: Path, tiny_train,
+                                                                            worker_spec) -> None:
+    """FSDP2, tensor parallel and FSDP2 x TP under torchrun (gloo, CPU) with fp16: torch's ShardedGradScaler
+    scales the loss; an overflow on rank 1 alone (its loss x 1e30, steps 2 and 3) is skipped by every rank
+    at the same steps with the same scale, since the scaler all-reduces its inf flag, then training goes
+    on; the scale comes back with a checkpoint (the resumed run's scales match the whole run's)."""
+    import shutil
+
+    from llmpipe.training.launch import launch
+    from tests.fixtures import faulty_trainer
+
+    over = SHARDED_CASES[case]
+    cfg = TrainConfig(**tiny_train(**{**over, "precision": "fp16", "max_steps": 6,
+                                      "checkpoint": {"every": 3, "keep": 2}, "watch": {"tensorboard": False},
+                                      "launch": {**over.get("launch", {}), "device": "cpu"}}))
+    repo = Path(__file__).resolve().parents[3]
+
+    def run(root: Path, steps: list[int]) -> None:
+        launch(cfg.launch, worker_spec(cfg, packed, root, test_overflow_steps=steps, test_overflow_rank=1,
+                                       test_scale_per_rank=True), root,
+               env={"PYTHONPATH": str(repo)}, module=faulty_trainer.MODULE)
+
+    whole = tmp_path / "whole"
+    run(whole, [1, 4])
+    recs = _records(whole)
+    assert [r["loss_scale"] for r in recs] == [65536.0, 32768.0, 32768.0, 32768.0, 16384.0, 16384.0]
+    assert [r["overflow_skipped"] for r in recs] == [False, True, False, False, True, False]
+    assert all(math.isfinite(r["loss"]) for r in recs) and not any(r["skipped"] for r in recs)
+    per_rank = [[json.loads(x) for x in (whole / f"scale_rank{rank}.jsonl").read_text().splitlines()]
+                for rank in range(cfg.launch.nproc_per_node)]
+    for rank_recs in per_rank:  # every rank skipped the same steps and holds the same scale
+        assert [(r["loss_scale"], r["overflow_skipped"]) for r in rank_recs] == \
+            [(r["loss_scale"], r["overflow_skipped"]) for r in recs]
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["overflow_skipped_steps"] == 2 and summary["loss_scale"] == 16384.0
+    part = tmp_path / "part"
+    shutil.copytree(whole, part)
+    shutil.rmtree(part / "checkpoints" / "step_00000006")  # as if killed after step 5: resume at step 3
+    for f in part.glob("scale_rank*.jsonl"):
+        f.unlink()
+    run(part, [4])
+    resumed = _records(part)
+    assert [r["loss_scale"] for r in resumed] == [r["loss_scale"] for r in recs]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(resumed, recs, strict=True)) <= 1e-5

@@ -1,0 +1,147 @@
+"""Cancelling a stream stops its generation. The decode loop ends a row whose token callback says stop;
+then on a real Triton server a gRPC client cancels a long stream after its first token: the streaming
+model stops generating for it (seen in the server's own token counter and execution statistics, not
+the client) and another client's stream, concurrent or later, still gets the full, correct answer."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from llmpipe.serving import server as srv
+from llmpipe.serving.client import TextClient
+from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.monitoring import metric_sum, read_metrics
+from llmpipe.serving.repository import write_model_repository
+from llmpipe.serving.triton_model import TOKENS_METRIC, Generator, Limits
+
+needs_triton = pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")
+MODEL, STREAM = "cancel_lm", "cancel_lm_stream"
+LIMIT = 256  # max_tokens_limit: the long stream asks for all of it
+PROMPTS = ["the quick brown fox", "once upon a time", "héllo wörld, numbers 12345", "a b c d e f"]
+
+
+def test_a_stopped_row_generates_nothing_more_and_its_neighbours_go_on(tiny_checkpoint: Path) -> None:
+    gen = Generator(str(tiny_checkpoint), Limits(max_prompt_tokens=32, max_tokens_limit=64))
+    gen.eos_ids = set()  # every row runs to its budget unless stopped
+    reqs = [gen.parse(p.encode(), None, 40, 0.0) for p in PROMPTS[:3]]
+    free = gen.generate(reqs)
+    calls: list[int] = []
+
+    def stop_row_1_at_3(row: int, tok: int, last: bool) -> bool:
+        calls.append(row)
+        return row == 1 and calls.count(1) == 3
+
+    got = gen.generate(reqs, stop_row_1_at_3)
+    assert got[1] == free[1][:3] and calls.count(1) == 3  # nothing generated for it after the stop
+    assert got[0] == free[0] and got[2] == free[2]
+    calls.clear()
+    assert gen.generate(reqs, lambda row, tok, last: calls.append(row) or True) == [t[:1] for t in free]
+    assert calls == [0, 1, 2]  # every row stopped after its first token: the loop ended at step one
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[srv.TritonServer]:
+    cfg = DeployConfig(model_name=MODEL, max_prompt_tokens=48, max_tokens_limit=LIMIT, max_queue_delay_us=2000)
+    repo = tmp_path_factory.mktemp("repo")
+    write_model_repository(tiny_checkpoint, repo, cfg, 1)
+    with srv.serve(repo) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def long_prompt(server: srv.TritonServer) -> str:
+    """A prompt the tiny random model answers with all LIMIT tokens (no early end-of-sequence)."""
+    with TextClient(server.grpc_url, MODEL, "grpc") as c:
+        prompt = next((p for p in PROMPTS if len(c.generate(prompt=p, max_tokens=LIMIT).output_ids) == LIMIT), None)
+    assert prompt is not None, f"no prompt ran to {LIMIT} tokens"
+    return prompt
+
+
+def _tokens(server: srv.TritonServer) -> float:
+    return metric_sum(read_metrics(f"http://127.0.0.1:{server.metrics_port}/metrics"), TOKENS_METRIC, model=STREAM)
+
+
+def _executions(server: srv.TritonServer) -> tuple[int, int]:
+    """The stream model's (execution count, compute_infer ns) from Triton's statistics."""
+    with TextClient(server.http_url, STREAM, "http") as c:
+        stats = c.statistics()["model_stats"][0]
+    return int(stats["execution_count"]), int(stats["inference_stats"]["compute_infer"]["ns"])
+
+
+def _settled(server: srv.TritonServer, executions: int, timeout_s: float = 60.0) -> tuple[int, int]:
+    """Statistics once ``executions`` executions have finished (Triton records one when execute returns)."""
+    deadline = time.monotonic() + timeout_s
+    while (now := _executions(server))[0] < executions:
+        assert time.monotonic() < deadline, f"the stream model did not finish {executions} executions"
+        time.sleep(0.05)
+    return now
+
+
+def _cancel_after_first_token(server: srv.TritonServer, prompt: str) -> int:
+    """Start a LIMIT-token stream, cancel it once its first token arrives; the tokens the client got."""
+    got: queue.Queue[Any] = queue.Queue()
+    with TextClient(server.grpc_url, STREAM, "grpc") as c:
+        inputs = c.prepare(prompt=prompt, max_tokens=LIMIT)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer(STREAM, inputs, request_id="cancelled")
+        result, error = got.get(timeout=60)
+        assert error is None, error
+        assert result.as_numpy("output_ids").size == 1
+        client.stop_stream(cancel_requests=True)  # tritonclient's public cancellation: cancels what is pending
+    finally:
+        client.close()
+    return 1 + got.qsize()
+
+
+@pytest.mark.slow
+@needs_triton
+def test_a_cancelled_stream_stops_generating(server: srv.TritonServer, long_prompt: str) -> None:
+    runs0, ns0 = _executions(server)
+    tokens0 = _tokens(server)
+    with TextClient(server.grpc_url, STREAM, "grpc") as c:  # the same request, read to its end
+        full = [t for ch in c.stream(prompt=long_prompt, max_tokens=LIMIT) for t in ch.output_ids]
+    assert len(full) == LIMIT
+    runs1, ns1 = _settled(server, runs0 + 1)
+    tokens1 = _tokens(server)
+    assert tokens1 - tokens0 == LIMIT
+    received = _cancel_after_first_token(server, long_prompt)
+    _, ns2 = _settled(server, runs1 + 1)
+    generated = _tokens(server) - tokens1
+    # the server, not the client, says it stopped: far fewer tokens than asked for, and far less compute
+    assert received <= generated < LIMIT / 4, (received, generated)
+    assert ns2 - ns1 < (ns1 - ns0) / 3, ("compute ns cancelled vs full", ns2 - ns1, ns1 - ns0)
+
+
+@pytest.mark.slow
+@needs_triton
+def test_other_streams_complete_while_and_after_one_is_cancelled(server: srv.TritonServer,
+                                                                 long_prompt: str) -> None:
+    with TextClient(server.grpc_url, MODEL, "grpc") as batch:
+        want = {p: batch.generate(prompt=p, max_tokens=64).output_ids for p in PROMPTS}
+    got: dict[str, list[int]] = {}
+
+    def other(prompt: str) -> None:
+        with TextClient(server.grpc_url, STREAM, "grpc") as c:
+            got[prompt] = [t for ch in c.stream(prompt=prompt, max_tokens=64) for t in ch.output_ids]
+
+    for _ in range(3):  # concurrent streams, some batched with the cancelled one
+        threads = [threading.Thread(target=other, args=(p,)) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        _cancel_after_first_token(server, long_prompt)
+        for t in threads:
+            t.join(timeout=120)
+        assert got == want
+        got.clear()
+    other(PROMPTS[0])  # and a later one
+    assert got[PROMPTS[0]] == want[PROMPTS[0]]
