@@ -17,14 +17,13 @@ import torch
 
 from llmpipe.training.config import TrainConfig
 from llmpipe.training.trainer import Trainer
+from tests.fixtures.threads import one_thread
 
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 def _trainer(run_dir: Path, packed: Path, tiny_train: Any, worker_spec: Any, **over: Any) -> Trainer:

@@ -15,16 +15,15 @@ import torch
 
 from llmpipe.training.config import TrainConfig
 from llmpipe.training.trainer import Trainer
+from tests.fixtures.threads import one_thread
 
 OVERFLOW = 1e30  # a finite fp32 loss whose gradients overflow fp16 (max 65504) in the backward
 
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 class OverflowTrainer(Trainer):

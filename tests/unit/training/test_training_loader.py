@@ -22,6 +22,7 @@ from llmpipe.training.launch import launch
 from llmpipe.training.stage import results_only
 from llmpipe.training.trainer import Trainer
 from tests.fixtures import faulty_trainer
+from tests.fixtures.threads import one_thread
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -30,10 +31,8 @@ LOADER_THREAD = "llmpipe-batch-loader"
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 def _cfg(tiny_train: Any, prefetch: int, **over: Any) -> TrainConfig:
