@@ -60,8 +60,11 @@ def render_config(cfg: DeployConfig, streaming: bool = False) -> str:
         lines.append(f'output {{ name: "{name}" data_type: {dtype} dims: {dims} }}')
     if cfg.dynamic_batching:
         sizes = ", ".join(str(s) for s in sorted(set(cfg.preferred_batch_sizes)))
+        # streams join the running batch between decode steps (in-flight batching in model.py): a
+        # batching window would only delay their first token
+        delay = 0 if streaming else cfg.max_queue_delay_us
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {sizes} ] "
-                     f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} }}")
+                     f"max_queue_delay_microseconds: {delay} }}")
     lines.append(f"instance_group [ {{ count: {cfg.instance_count} kind: {kind} }} ]")
     if streaming:
         lines.append("model_transaction_policy { decoupled: true }")

@@ -10,9 +10,14 @@ look the way they do:
   stub of Triton 2.51 (built against numpy 1) corrupts every multi-element tensor it converts to
   numpy (``as_numpy`` repeats the first element) and crashes deserialising ``BYTES`` inputs. Every
   tensor therefore moves through DLPack (``to_dlpack`` / ``Tensor.from_dlpack``), never numpy.
-* The dynamic batcher hands ``execute`` several requests at once; they are generated together as one
-  left-padded batch (that is where batching pays), grouped by temperature, and each request gets
-  its own response or its own error, so one bad request never fails its neighbours.
+* The batch model: the dynamic batcher hands ``execute`` several requests at once; they are
+  generated together as one left-padded batch (that is where batching pays), grouped by
+  temperature, and each request gets its own response or its own error, so one bad request never
+  fails its neighbours.
+* The streaming model batches in flight: ``execute`` hands its streams to a generation thread and
+  returns, and a stream joins the running batch at its next decode step and leaves it at its last
+  token (:class:`RunningBatch`), so a stream that arrives while others run waits one step for its
+  first token, not for their whole answers.
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
   its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +46,9 @@ CHECKPOINT_DIR = "checkpoint"
 SETTINGS_FILE = "llmpipe_serving.json"
 ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an error, by reason
 TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
+PASSES_METRIC = "llmpipe_stream_forward_passes_total"  # the streaming model's forward passes (prefill or step)
+STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
+PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
 
 # on_token(row, token id, last): called once per new token of each request, ``last`` on its final one;
@@ -150,6 +159,164 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
         x, pos = picked[:, None], pos[:, -1:] + 1
         mask = None if step_mask is None else step_mask[..., :length]
     return out
+
+
+@dataclass
+class Stream:
+    """One streaming request of a :class:`RunningBatch`: ``on_token(token, last)`` sees each new token
+    and ends the stream early by returning True (its client cancelled)."""
+
+    request: GenRequest
+    on_token: Callable[[int, bool], bool | None]
+    owner: Any = None  # what the caller keeps with the stream (the model: its sender)
+    tokens: int = 0
+    done: bool = False
+
+
+class RunningBatch:
+    """In-flight batching for streams: a stream joins the running batch between two decode steps and
+    leaves it at its last token, so a stream that arrives while others generate waits one step for
+    its first token, not the others' whole answers.
+
+    The rows share one KV cache (``DynamicCache``). Joining streams are prefilled together, as a
+    left-padded batch of their own, and their cache is merged into the running one: both are
+    left-padded to the longer length and stacked. ``keep`` marks each row's real positions; the pads
+    are hidden by the additive attention mask, so a row's tokens do not depend on who shares its batch
+    (greedy tokens equal :func:`decode_batch` on the request alone; a test pins it). Leaving rows are
+    dropped from the cache (``batch_select_indices``), and pad columns no row needs any more are cut.
+    """
+
+    def __init__(self, model: Any, eos_ids: set[int], pad_id: int, rng: torch.Generator | None = None) -> None:
+        self.model, self.eos_ids, self.pad_id, self.rng = model, eos_ids, pad_id, rng
+        self.streams: list[Stream] = []
+        self.passes = 0  # forward passes run (prefills and steps): tokens / passes is the mean batch
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cache: Any = None
+        self.keep = self.pos = self.last = self.temps = None
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def close_all(self) -> list[Stream]:
+        """Drop every row (after a failed step); returns the streams that were still open."""
+        open_ = [s for s in self.streams if not s.done]
+        self.streams = []
+        self._reset()
+        return open_
+
+    @torch.inference_mode()
+    def add(self, streams: list[Stream]) -> None:
+        """Prefill ``streams`` and hand each its first token; those with more to say join the batch."""
+        if not streams:
+            return
+        device = self.model.device
+        width = max(len(s.request.input_ids) for s in streams)
+        ids = torch.full((len(streams), width), self.pad_id, dtype=torch.long)
+        keep = torch.zeros((len(streams), width), dtype=torch.bool)
+        for row, s in enumerate(streams):
+            ids[row, width - len(s.request.input_ids):] = torch.tensor(s.request.input_ids, dtype=torch.long)
+            keep[row, width - len(s.request.input_ids):] = True
+        ids, keep = ids.to(device), keep.to(device)
+        pos = (keep.long().cumsum(-1) - 1).masked_fill(~keep, 1)
+        mask = None if bool(keep.all()) else _masks(keep, 0, self.model.dtype)[0]
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        self.passes += 1
+        temps = torch.tensor([s.request.temperature for s in streams], dtype=torch.float32, device=device)
+        picked = self._pick(logits, temps)
+        self._merge(streams, cache, keep, pos[:, -1] + 1, picked, temps)
+        self._emit(len(self.streams) - len(streams), picked)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One decode step for every row: each gets its next token."""
+        if not self.streams:
+            return
+        n = len(self.streams)
+        full = torch.cat([self.keep, self.keep.new_ones((n, 1))], dim=1)
+        mask = None if bool(full.all()) else torch.zeros(
+            (n, 1, 1, full.shape[1]), dtype=self.model.dtype, device=full.device
+        ).masked_fill(~full[:, None, None, :], torch.finfo(self.model.dtype).min)
+        logits = self.model(input_ids=self.last[:, None], attention_mask=mask, position_ids=self.pos[:, None],
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        self.passes += 1
+        self.keep, self.pos = full, self.pos + 1
+        picked = self._pick(logits, self.temps)
+        self.last = picked
+        self._emit(0, picked)
+
+    def _pick(self, logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+        picked = logits.argmax(dim=-1)
+        hot = (temps > 0).nonzero().reshape(-1)
+        if len(hot):
+            probs = torch.softmax(logits[hot].float() / temps[hot, None], dim=-1)
+            picked[hot] = torch.multinomial(probs, 1, generator=self.rng).reshape(-1)
+        return picked
+
+    def _emit(self, first: int, picked: torch.Tensor) -> None:
+        """Hand rows ``first..`` their picked tokens; drop the rows that ended."""
+        for s, tok in zip(self.streams[first:], picked.tolist(), strict=True):
+            s.tokens += 1
+            last = s.tokens >= s.request.max_tokens or tok in self.eos_ids
+            s.done = last
+            if s.on_token(tok, last):
+                s.done = True
+        if any(s.done for s in self.streams):
+            self._drop_done()
+
+    def _merge(self, streams: list[Stream], cache: Any, keep: torch.Tensor, pos: torch.Tensor,
+               picked: torch.Tensor, temps: torch.Tensor) -> None:
+        if not self.streams:
+            self.streams, self.cache, self.keep, self.pos, self.last, self.temps = (
+                list(streams), cache, keep, pos, picked, temps)
+            return
+        width = max(self.keep.shape[1], keep.shape[1])
+        layers = [(torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)]),
+                   torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)]))
+                  for a, b in zip(self.cache.layers, cache.layers, strict=True)]
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(ddp_cache_data=layers)
+        self.keep = torch.cat([_left_pad(self.keep, width), _left_pad(keep, width)])
+        self.pos = torch.cat([self.pos, pos])
+        self.last = torch.cat([self.last, picked])
+        self.temps = torch.cat([self.temps, temps])
+        self.streams.extend(streams)
+
+    def _drop_done(self) -> None:
+        alive = [i for i, s in enumerate(self.streams) if not s.done]
+        if not alive:
+            self.streams = []
+            self._reset()
+            return
+        idx = torch.tensor(alive, dtype=torch.long, device=self.keep.device)
+        self.streams = [self.streams[i] for i in alive]
+        self.cache.batch_select_indices(idx)
+        self.keep, self.pos, self.last, self.temps = (t[idx] for t in (self.keep, self.pos, self.last, self.temps))
+        cut = int(self.keep.any(dim=0).long().argmax())  # leading columns that are pads in every row
+        if cut > 0:
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache(ddp_cache_data=[(layer.keys[:, :, cut:], layer.values[:, :, cut:])
+                                                      for layer in self.cache.layers])
+            self.keep = self.keep[:, cut:]
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` (rows, ..., length) for a cache (rows, heads, length, dim) or a mask (rows, length),
+    padded on the left of its length dimension to ``width``."""
+    dim = 2 if t.dim() == 4 else 1
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 class Generator:
@@ -294,49 +461,116 @@ def _answer(text: str, tokens: list[int]) -> Any:
 
 
 class Outbox:
-    """Sends a streaming batch's responses from a thread of its own, in the order they were put.
+    """Sends the streams' responses from a thread of its own, in the order they were put.
 
     A send is a round trip to the Triton server process (it waits while the server takes the
     response); with 8 streams a step's 8 sends took several times the tiny model's forward pass. On
     this thread they overlap the next step's forward instead of adding to it (sending from another
     thread is how Triton's decoupled examples answer): ITL p50 at 8 clients 4.0 instead of 6.2-6.6 ms
-    in one run. ``drain`` waits until everything put so far is sent and returns the senders that failed.
+    in one run. A send that raises marks its stream broken (``on_broken`` sees it once) and the
+    stream's later responses are dropped.
     """
 
-    def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[Any, Any, int]] = queue.Queue()
-        self.failed: set[int] = set()  # id() of the senders whose send raised
+    def __init__(self, on_broken: Callable[[Any], None]) -> None:
+        self.on_broken = on_broken
+        self.queue: queue.Queue[tuple[Any, Any, Any, int]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="llmpipe-outbox", daemon=True)
         self.thread.start()
 
-    def put(self, sender: Any, response: Any, flags: int) -> None:
-        self.queue.put((sender, response, flags))
+    def put(self, stream: Any, sender: Any, response: Any, flags: int) -> None:
+        """``stream``: an object with a ``broken`` flag (set here when a send fails)."""
+        self.queue.put((stream, sender, response, flags))
 
     def _run(self) -> None:
         while True:
-            sender, response, flags = self.queue.get()
+            stream, sender, response, flags = self.queue.get()
+            if sender is None:
+                return
+            if stream.broken:
+                continue
             try:
-                if sender is None:
-                    return
-                if id(sender) in self.failed:
-                    continue
                 if response is None:
                     sender.send(flags=flags)
                 else:
                     sender.send(response, flags=flags)
             except Exception:  # noqa: BLE001 - its stream is broken; the others go on
-                self.failed.add(id(sender))
-            finally:
-                self.queue.task_done()
-
-    def drain(self) -> set[int]:
-        self.queue.join()
-        failed, self.failed = self.failed, set()
-        return failed
+                stream.broken = True
+                self.on_broken(stream)
 
     def close(self) -> None:
-        self.queue.put((None, None, 0))
+        self.queue.put((None, None, None, 0))
         self.thread.join(timeout=10)
+
+
+class _Sent:
+    """What the model keeps per stream: its sender, the tokens it was sent, whether a send failed."""
+
+    def __init__(self, sender: Any = None) -> None:
+        self.sender, self.tokens, self.broken = sender, 0, False
+
+
+class StreamScheduler:
+    """The streaming model's generation thread around one :class:`RunningBatch`.
+
+    ``execute`` hands it the new streams and returns at once (a decoupled model may answer after
+    ``execute`` returned), so Triton passes on the next requests while streams are generating; they
+    join the running batch at the next step, up to ``max_rows`` rows (the model's ``max_batch_size``),
+    the rest wait for a row to free. A step that raises ends every open stream with ``on_error``
+    and the thread goes on with the next streams. ``report_passes(n)`` gets the forward passes run
+    since its last call, every ``PASSES_REPORT_EVERY`` passes and whenever the thread goes idle.
+    """
+
+    def __init__(self, batch: RunningBatch, max_rows: int, on_error: Callable[[Stream, Exception], None],
+                 report_passes: Callable[[int], None] | None = None) -> None:
+        self.batch, self.max_rows, self.on_error = batch, max(1, max_rows), on_error
+        self.report_passes, self.reported = report_passes, 0
+        self.inbox: queue.Queue[list[Stream] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="llmpipe-streams", daemon=True)
+        self.thread.start()
+
+    def submit(self, streams: list[Stream]) -> None:
+        self.inbox.put(streams)
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+        self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        waiting: list[Stream] = []
+        while True:
+            block = not self.batch and not waiting  # idle: wait for streams; busy: take what came
+            if block or self.batch.passes - self.reported >= PASSES_REPORT_EVERY:
+                self._report()
+            while True:
+                try:
+                    item = self.inbox.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if item is None:
+                    self._fail([*self.batch.close_all(), *waiting], RuntimeError("the model is unloading"))
+                    self._report()
+                    return
+                waiting.extend(item)
+            room = self.max_rows - len(self.batch)
+            joining, waiting = waiting[:room], waiting[room:]
+            try:
+                self.batch.add(joining)
+                self.batch.step()
+            except Exception as e:  # noqa: BLE001 - every open stream gets the error, the model keeps serving
+                open_ = self.batch.close_all()
+                seen = {id(s) for s in open_}
+                self._fail([*open_, *(s for s in joining if not s.done and id(s) not in seen)], e)
+
+    def _report(self) -> None:
+        if self.report_passes is not None and self.batch.passes > self.reported:
+            self.report_passes(self.batch.passes - self.reported)
+        self.reported = self.batch.passes
+
+    def _fail(self, streams: list[Stream], error: Exception) -> None:
+        for s in streams:
+            s.done = True
+            self.on_error(s, error)
 
 
 class TritonPythonModel:
@@ -358,11 +592,24 @@ class TritonPythonModel:
                                   kind=pb_utils.MetricFamily.COUNTER),
             pb_utils.MetricFamily(name=TOKENS_METRIC, description="New tokens generated and sent to clients",
                                   kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name=PASSES_METRIC, description="Forward passes of the streaming model's running "
+                                  "batch (prefills and decode steps); tokens / passes is its mean batch",
+                                  kind=pb_utils.MetricFamily.COUNTER),
         ]
         self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
         self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
         self.tokens = self.families[1].Metric(labels=labels)
-        self.outbox = Outbox() if self.decoupled else None
+        self.passes = self.families[2].Metric(labels=labels)
+        self.outbox = self.scheduler = None
+        if self.decoupled:
+            # three threads share this process's GIL: the generation thread runs Python most of the
+            # time, and execute (new streams) and the outbox (sends) need it for moments; at
+            # CPython's 5 ms switch interval each such moment could wait 5 ms, in TTFT and ITL
+            sys.setswitchinterval(min(sys.getswitchinterval(), STREAM_SWITCH_INTERVAL_S))
+            self.outbox = Outbox(self._send_failed)
+            batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
+            max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
+            self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment)
 
     def _parse(self, request: Any) -> GenRequest:
         prompt = _tensor(request, "prompt")
@@ -411,53 +658,59 @@ class TritonPythonModel:
 
     def _execute_streaming(self, requests: list[Any]) -> None:
         """Decoupled: each request's response sender gets one response per new token, the last one
-        with the FINAL flag; refused requests get their error as their one final response."""
+        with the FINAL flag; refused requests get their error as their one final response. The valid
+        ones go to the generation thread (in-flight batching) and ``execute`` returns."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        senders = [r.get_response_sender() for r in requests]
-        out = self.outbox
-        parsed = self._parse_all(requests)
-        live = [i for i, p in enumerate(parsed) if isinstance(p, GenRequest)]
-        for i, p in enumerate(parsed):
+        streams = []
+        for request, p in zip(requests, self._parse_all(requests), strict=True):
+            sender = request.get_response_sender()
             if isinstance(p, str):
-                out.put(senders[i], pb_utils.InferenceResponse(error=_bad_request(p)), final)
-        deltas = [TextDeltas(self.gen.decode) for _ in live]
-        done = [False] * len(live)
-        sent = [0] * len(live)
+                self.outbox.put(_Sent(), sender, pb_utils.InferenceResponse(error=_bad_request(p)), final)
+            else:
+                streams.append(self._stream(p, sender))
+        if streams:
+            self.scheduler.submit(streams)
 
-        def on_token(row: int, token: int, last: bool) -> bool:
-            if done[row]:  # closed (cancelled by its client)
+    def _stream(self, request: GenRequest, sender: Any) -> Stream:
+        """A stream whose tokens go to ``sender`` as text deltas; it stops when its client cancels."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        deltas, sent = TextDeltas(self.gen.decode), _Sent(sender)
+
+        def on_token(token: int, last: bool) -> bool:
+            if sent.broken:  # a send failed (counted then): generate nothing more for it
                 return True
-            sender = senders[live[row]]
-            done[row] = last
             # asking costs a round trip to the server, like a send: every CANCEL_CHECK_EVERY tokens
-            if sent[row] % CANCEL_CHECK_EVERY == 0 and sender.is_cancelled():
-                done[row] = True  # the client went away: close its stream, send nothing more
-                out.put(sender, None, final)
-                return True  # and stop generating for it: a batch of cancelled streams ends here
-            sent[row] += 1
-            out.put(sender, _answer(deltas[row].add(token, last), [token]), final if last else 0)
+            if sent.tokens % CANCEL_CHECK_EVERY == 0 and sender.is_cancelled():
+                self.outbox.put(sent, sender, None, final)  # the client went away: close, send nothing more
+                self._count_tokens(sent)
+                return True
+            sent.tokens += 1
+            if last:  # counted before the final send: a client holding its last token reads it counted
+                self._count_tokens(sent)
+            self.outbox.put(sent, sender, _answer(deltas.add(token, last), [token]), final if last else 0)
             return False
 
-        try:
-            if live:
-                self.gen.generate([parsed[i] for i in live], on_token)  # type: ignore[misc]
-        except Exception as e:  # noqa: BLE001 - report to every open stream of the batch, keep serving
-            for row in (r for r, d in enumerate(done) if not d):
-                out.put(senders[live[row]], pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"generation failed: {e}")), final)
-                done[row] = True
-                self.failed.increment(1)
-        for row in (r for r, d in enumerate(done) if not d):  # ended without a last token: close it
-            out.put(senders[live[row]], None, final)
-        broken = out.drain()  # every response of this batch is sent before the next batch starts
-        if broken:
-            self.failed.increment(len(broken))
-        if any(sent):
-            self.tokens.increment(sum(sent))  # once per batch: an increment is a round trip too
+        return Stream(request, on_token, owner=sent)
+
+    def _count_tokens(self, sent: _Sent) -> None:
+        if sent.tokens:
+            self.tokens.increment(sent.tokens)  # once per stream: an increment is a round trip too
+
+    def _stream_failed(self, stream: Stream, error: Exception) -> None:
+        """Generation raised: the stream's error as its final response, counted as failed."""
+        sent = stream.owner
+        self.failed.increment(1)
+        self.outbox.put(sent, sent.sender, pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(f"generation failed: {error}")), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _send_failed(self, sent: _Sent) -> None:
+        self.failed.increment(1)
 
     def finalize(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()  # open streams get their error first, then the outbox sends what is left
         if self.outbox is not None:
             self.outbox.close()
         self.gen = None
-        self.refused = self.failed = self.tokens = None  # metrics before their families
+        self.refused = self.failed = self.tokens = self.passes = None  # metrics before their families
         self.families = []

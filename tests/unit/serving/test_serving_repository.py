@@ -73,8 +73,10 @@ def test_streaming_model_beside_the_batch_model(tmp_path: Path, tiny_checkpoint:
     # decoupled: one response per token; Triton caches only one-response models
     assert 'name: "lm_stream"' in stream and "model_transaction_policy { decoupled: true }" in stream
     assert "response_cache" not in stream and "dynamic_batching" in stream
+    # same tensors, batch sizes, instances; no batching window: streams join the running batch in flight
     assert stream.replace("lm_stream", "lm").replace("model_transaction_policy { decoupled: true }\n", "") == \
-        batch.replace("response_cache { enable: true }\n", "")  # same tensors, batching, instances
+        batch.replace("response_cache { enable: true }\n", "").replace(
+            f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} ", "max_queue_delay_microseconds: 0 ")
     for name in ("lm", "lm_stream"):
         assert (tmp_path / "repo" / name / "2" / "model.py").read_bytes() == \
             (tmp_path / "repo" / "lm" / "2" / "model.py").read_bytes()

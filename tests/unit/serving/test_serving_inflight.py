@@ -1,0 +1,147 @@
+"""In-flight batching of the streaming model, in process: streams that join the running batch at
+different decode steps get the tokens they get alone, leave at their budget, their end-of-sequence
+token or a stop, and a generation thread (StreamScheduler) serves streams submitted from other
+threads, failing only the streams of a step that raised."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmpipe.serving.triton_model import Generator, GenRequest, Limits, RunningBatch, Stream, StreamScheduler
+
+PROMPTS = ["the quick brown fox", "once upon a time there", "héllo wörld", "numbers 12345", "a b c d e f g h",
+           "Sehr geehrte Damen", "x", "pipelines turn raw text into"]
+BUDGETS = (12, 3, 8, 1, 16, 5, 9, 14)
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_checkpoint: Path) -> Generator:
+    g = Generator(str(tiny_checkpoint), Limits(max_prompt_tokens=32, max_tokens_limit=24))
+    g.eos_ids = set()  # every stream runs to its budget unless a test says otherwise
+    return g
+
+
+@pytest.fixture(scope="module")
+def requests(gen: Generator) -> list[GenRequest]:
+    reqs = [gen.parse(p.encode(), None, n, 0.0) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
+    assert len({len(r.input_ids) for r in reqs}) > 3  # prompts of many lengths: the cache merge re-pads
+    return reqs
+
+
+def _collector(got: dict[int, list[tuple[int, bool]]], i: int, stop_after: int | None = None):
+    def on_token(tok: int, last: bool) -> bool:
+        got.setdefault(i, []).append((tok, last))
+        return stop_after is not None and len(got[i]) >= stop_after
+    return on_token
+
+
+def test_streams_joining_at_different_steps_get_their_solo_tokens(gen: Generator, requests: list[GenRequest]) -> None:
+    solo = [gen.generate([r])[0] for r in requests]
+    got: dict[int, list[tuple[int, bool]]] = {}
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id)
+    joins = {0: [0, 1], 2: [2], 3: [3, 4], 7: [5], 8: [6, 7]}  # some join together, some alone, mid-answer
+    sizes, steps = [], 0
+    for t in range(40):
+        batch.add([Stream(requests[i], _collector(got, i)) for i in joins.get(t, [])])
+        steps += len(batch) > 0
+        batch.step()
+        sizes.append(len(batch))
+    for i, want in enumerate(solo):
+        assert [tok for tok, _ in got[i]] == want, f"stream {i}"
+        assert [last for _, last in got[i]] == [k == len(want) - 1 for k in range(len(want))]  # one final, at the end
+    assert max(sizes) >= 5 and sizes[-1] == 0  # several rows ran together; every stream left at its end
+    assert batch.passes == 5 + steps  # five prefills (one per joining group), a step per loop while rows ran
+
+
+def test_a_stopped_stream_leaves_and_an_eos_ends_a_stream(gen: Generator, requests: list[GenRequest]) -> None:
+    solo = [gen.generate([r])[0] for r in requests[:3]]
+    eos = solo[0][2]
+    got: dict[int, list[tuple[int, bool]]] = {}
+    batch = RunningBatch(gen.model, {eos}, gen.pad_id)
+    batch.add([Stream(requests[0], _collector(got, 0)), Stream(requests[1], _collector(got, 1, stop_after=1)),
+               Stream(requests[2], _collector(got, 2))])
+    while len(batch):
+        batch.step()
+    assert [t for t, _ in got[0]] == solo[0][:3] and got[0][-1] == (eos, True)  # ended at its end-of-sequence
+    assert len(got[1]) == 1  # stopped after its first token: nothing more generated for it
+    want2 = solo[2][: solo[2].index(eos) + 1] if eos in solo[2] else solo[2]
+    assert [t for t, _ in got[2]] == want2  # its neighbours' leaving did not change its tokens
+
+
+def test_sampled_and_greedy_streams_share_a_batch(gen: Generator, requests: list[GenRequest]) -> None:
+    greedy = gen.generate([requests[0]])[0]
+    hot = [GenRequest(requests[4].input_ids, 16, 5.0) for _ in range(4)]
+    got: dict[int, list[tuple[int, bool]]] = {}
+    batch = RunningBatch(gen.model, set(), gen.pad_id, rng=torch.Generator().manual_seed(0))
+    batch.add([Stream(requests[0], _collector(got, 0)), *(Stream(r, _collector(got, 1 + k)) for k, r in enumerate(hot))])
+    while len(batch):
+        batch.step()
+    assert [t for t, _ in got[0]] == greedy  # the greedy row is argmax whatever its neighbours sample
+    assert len({tuple(got[1 + k]) for k in range(4)}) > 1  # the hot rows spread over different answers
+
+
+def test_the_scheduler_serves_streams_from_many_threads(gen: Generator, requests: list[GenRequest]) -> None:
+    solo = [gen.generate([r])[0] for r in requests]
+    got: dict[int, list[tuple[int, bool]]] = {}
+    finished = {i: threading.Event() for i in range(len(requests))}
+    errors: list[tuple[Stream, Exception]] = []
+    passes: list[int] = []
+
+    def stream(i: int) -> Stream:
+        collect = _collector(got, i)
+
+        def on_token(tok: int, last: bool) -> bool:
+            collect(tok, last)
+            if last:
+                finished[i].set()
+            return False
+        return Stream(requests[i], on_token)
+
+    sched = StreamScheduler(RunningBatch(gen.model, set(), gen.pad_id), 3, lambda s, e: errors.append((s, e)),
+                            passes.append)
+    try:
+        threads = [threading.Thread(target=sched.submit, args=([stream(i)],)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        for i in range(len(requests)):
+            assert finished[i].wait(60), f"stream {i} did not finish"
+    finally:
+        sched.stop()
+    assert not errors
+    assert {i: [t for t, _ in v] for i, v in got.items()} == dict(enumerate(solo))
+    assert sum(passes) >= max(BUDGETS)  # the passes were reported (when the thread idled or stopped)
+
+
+def test_a_step_that_raises_fails_its_streams_and_the_next_ones_are_served(gen: Generator,
+                                                                         requests: list[GenRequest]) -> None:
+    vocab = gen.vocab_size
+    bad = GenRequest([1, vocab + 5], 4, 0.0)  # past the embedding table (parse refuses it; here it reaches the model)
+    errors: list[tuple[Stream, Exception]] = []
+    failed = threading.Event()
+    done = threading.Event()
+    got: dict[int, list[tuple[int, bool]]] = {}
+
+    def on_error(s: Stream, e: Exception) -> None:
+        errors.append((s, e))
+        failed.set()
+
+    def on_token(tok: int, last: bool) -> bool:
+        got.setdefault(0, []).append((tok, last))
+        if last:
+            done.set()
+        return False
+
+    sched = StreamScheduler(RunningBatch(gen.model, set(), gen.pad_id), 4, on_error)
+    try:
+        sched.submit([Stream(bad, lambda tok, last: False)])
+        assert failed.wait(60)
+        sched.submit([Stream(requests[2], on_token)])
+        assert done.wait(60)
+    finally:
+        sched.stop()
+    assert len(errors) == 1 and isinstance(errors[0][1], IndexError)
+    assert [t for t, _ in got[0]] == gen.generate([requests[2]])[0]
