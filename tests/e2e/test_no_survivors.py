@@ -44,6 +44,22 @@ Found = Callable[[list[psutil.Process]], bool]
 STARTED: list[int] = []  # pids of the commands this module ran
 
 
+@pytest.fixture(scope="module", autouse=True)
+def sigint_as_at_a_terminal() -> Iterator[None]:
+    """The commands start with SIGINT handled, as under a terminal. A test session started in the
+    background of a non-interactive shell (``cmd &``, ``nohup``) has SIGINT ignored, which every
+    child inherits across exec, and Python then leaves it ignored: a SIGINT case would test the
+    shell's choice, not the command's handling."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @dataclass
 class Command:
     """A command in a process group of its own, and every descendant seen while it ran."""
