@@ -103,8 +103,15 @@ def _masks(keep: torch.Tensor, steps: int, dtype: torch.dtype) -> tuple[torch.Te
     allowed = (causal[None] & keep[:, None, :]) | eye[None]
     prompt = torch.zeros((n, 1, width, width), dtype=dtype, device=keep.device).masked_fill(~allowed[:, None], low)
     full = torch.cat([keep, keep.new_ones((n, steps))], dim=1)
-    step = torch.zeros((n, 1, 1, width + steps), dtype=dtype, device=keep.device).masked_fill(~full[:, None, None], low)
+    step = _key_mask(full, dtype)
     return prompt, step
+
+
+def _key_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive 4D mask of one decode step: each row's query sees its real positions (``keep``)."""
+    n, width = keep.shape
+    mask = torch.zeros((n, 1, 1, width), dtype=dtype, device=keep.device)
+    return mask.masked_fill(~keep[:, None, None, :], torch.finfo(dtype).min)
 
 
 def _pick(logits: torch.Tensor, temperature: float, rng: torch.Generator | None) -> torch.Tensor:
@@ -239,9 +246,7 @@ class RunningBatch:
             return
         n = len(self.streams)
         full = torch.cat([self.keep, self.keep.new_ones((n, 1))], dim=1)
-        mask = None if bool(full.all()) else torch.zeros(
-            (n, 1, 1, full.shape[1]), dtype=self.model.dtype, device=full.device
-        ).masked_fill(~full[:, None, None, :], torch.finfo(self.model.dtype).min)
+        mask = None if bool(full.all()) else _key_mask(full, self.model.dtype)
         logits = self.model(input_ids=self.last[:, None], attention_mask=mask, position_ids=self.pos[:, None],
                             past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.passes += 1
