@@ -35,7 +35,7 @@ from typing import Any
 
 from llmpipe.processes import free_port, spawn, stop_tree
 from llmpipe.training.config import LaunchConfig
-from llmpipe.training.trainer import METRIC_PREFIX
+from llmpipe.training.trainer import FATAL_SUFFIX, METRIC_PREFIX
 
 
 class TrainingError(RuntimeError):
@@ -59,7 +59,7 @@ def build_command(cfg: LaunchConfig, spec_path: Path, log_dir: Path, rdzv_id: st
     """The launcher command line for this node (see the module docstring for multi-node).
 
     ``module``: what each worker runs with ``python -m``; another module whose ``__main__`` calls
-    :func:`llmpipe.training.trainer.main` with a ``Trainer`` subclass runs a customized loop.
+    :func:`llmpipe.training.trainer.run_worker` with a ``Trainer`` subclass runs a customized loop.
     """
     py = python or sys.executable
     worker = ["-m", module, "--config", str(spec_path)]
@@ -128,7 +128,7 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     errors = run_dir / "errors"
     if errors.exists():
-        for f in errors.glob("*.json"):
+        for f in [*errors.glob("*.json"), *errors.glob(f"*{FATAL_SUFFIX}")]:
             f.unlink()
     spec = dict(spec, run_dir=str(run_dir))
     spec_path = run_dir / f"spec-node{cfg.node_rank}.json"
@@ -179,6 +179,9 @@ def launch(
         raise failure[0]
     if proc.returncode != 0:
         raise TrainingError(describe_failure(run_dir, log_dir, proc.returncode, tail))
+    for f in errors.glob(f"*{FATAL_SUFFIX}"):  # no worker died of a signal: the files stayed empty
+        if not f.stat().st_size:
+            f.unlink()
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return LaunchResult(proc.returncode, metrics, summary, time.monotonic() - t0, cmd)
@@ -201,12 +204,28 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     stop_tree(proc, grace=10.0)
 
 
-def describe_failure(run_dir: Path, log_dir: Path, returncode: int, tail: list[str]) -> str:
-    """Name the first failed rank and its error: our per-rank error files, else torchrun's error.json."""
+def _fatal_signals(errors: Path) -> list[tuple[float, Any, str, str]]:
+    """Ranks that died of a fatal signal: (when, rank, faulthandler's first line, the stack of the
+    thread that took the signal, innermost call first, and where the whole dump is)."""
     found = []
-    records = [json.loads(f.read_text()) for f in (run_dir / "errors").glob("rank_*.json")]
-    for e in sorted(records, key=lambda e: e.get("time", 0.0)):  # root cause first: peers fail after it
-        found.append((int(e["rank"]), e["error"], e.get("traceback", "")))
+    for f in errors.glob(f"rank_*{FATAL_SUFFIX}"):
+        if not f.stat().st_size:
+            continue
+        lines = f.read_text(errors="replace").strip().splitlines()
+        at = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 1)
+        stack = [line for line in lines[at:at + 9] if line.strip()]
+        rank = int(f.name[len("rank_"):-len(FATAL_SUFFIX)])
+        found.append((f.stat().st_mtime, rank, lines[0], "\n".join([*stack, f"(every thread's stack: {f})"])))
+    return found
+
+
+def describe_failure(run_dir: Path, log_dir: Path, returncode: int, tail: list[str]) -> str:
+    """Name the first failed rank and its error: our per-rank error files and fatal-signal dumps, else
+    torchrun's error.json."""
+    timed = [(e.get("time", 0.0), int(e["rank"]), e["error"], "\n".join(e.get("traceback", "").strip().splitlines()[-3:]))
+             for e in (json.loads(f.read_text()) for f in (run_dir / "errors").glob("rank_*.json"))]
+    timed += _fatal_signals(run_dir / "errors")
+    found = [rec[1:] for rec in sorted(timed, key=lambda r: r[0])]  # root cause first: peers fail after it
     if not found:
         for f in sorted(log_dir.rglob("error.json")):
             try:
@@ -225,5 +244,5 @@ def describe_failure(run_dir: Path, log_dir: Path, returncode: int, tail: list[s
     if others:
         msg += f" (ranks {others} failed too)"
     if first[2]:
-        msg += "\n" + "\n".join(first[2].strip().splitlines()[-3:])
+        msg += "\n" + first[2]
     return msg

@@ -10,6 +10,7 @@ that fails writes ``errors/rank_<r>.json`` so the launcher can name the rank and
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import math
@@ -476,11 +477,12 @@ def main(argv: list[str] | None = None, trainer: type[Trainer] = Trainer) -> int
     spec = json.loads(Path(args.config).read_text())
     rank = int(os.environ.get("RANK", 0))
     _setup_logging(rank)
+    err_dir = Path(spec["run_dir"]) / "errors"
+    err_dir.mkdir(parents=True, exist_ok=True)
+    _record_fatal_signals(err_dir / f"rank_{rank}{FATAL_SUFFIX}")
     try:
         trainer(spec).run()
     except BaseException as e:  # report which rank failed and why, then let torchrun see the failure
-        err_dir = Path(spec["run_dir"]) / "errors"
-        err_dir.mkdir(parents=True, exist_ok=True)
         (err_dir / f"rank_{rank}.json").write_text(json.dumps({
             "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
             "traceback": traceback.format_exc()}))
@@ -497,7 +499,49 @@ def main(argv: list[str] | None = None, trainer: type[Trainer] = Trainer) -> int
     return 0
 
 
-if __name__ == "__main__":
+FATAL_SUFFIX = ".fatal"
+
+
+def _record_fatal_signals(path: Path) -> None:
+    """Dump every thread's Python stack to ``path`` if this worker dies of SIGSEGV, SIGABRT, SIGBUS,
+    SIGFPE or SIGILL (a C++ exception nobody caught, a crash in a kernel): the Python-level
+    exception handler never runs then, and the launcher can name only the signal.
+    ``launch.describe_failure`` reads the file back. It stays open, and the handler on, until the
+    process is gone: a crash while the interpreter shuts down (a thread still in a kernel, a C++
+    destructor) is recorded too. The launcher removes the files that stayed empty."""
+    fh = open(path, "w")  # noqa: SIM115 - faulthandler writes to it from a signal handler, at any time
+    faulthandler.enable(file=fh, all_threads=True)
+    _FATAL_FILES.append(fh)  # the module keeps it referenced: a closed file would silence the handler
+
+
+_FATAL_FILES: list[Any] = []
+
+
+def run_worker(trainer: type[Trainer] = Trainer) -> None:
+    """The ``python -m`` entry of a worker: train, then end the process at once when it succeeded.
+
+    A worker that returned from training ends with ``os._exit`` after flushing its output, as a
+    ``multiprocessing`` child does, instead of through interpreter finalization. Why: gloo's worker
+    threads destroy a finished collective's work object some time after ``wait()`` returned, and
+    that object can hold the last reference to a tensor whose Python object it owns; destroying it
+    takes the GIL. When the main thread has already begun finalizing (it has nothing left to do),
+    the thread taking the GIL is ended by CPython inside a destructor, ``std::terminate`` runs,
+    and the worker dies of SIGABRT ("terminate called without an active exception") after a
+    complete, correct run. We saw it about once in 30 two-rank runs when two trainings shared the
+    2 cores; the core dump shows ``ProcessGroupGloo::runLoop`` -> ``~AsyncBarrierWork`` ->
+    ``~AsyncAllreduceWork`` -> ``TensorImpl::decref_pyobject`` -> ``take_gil`` ->
+    ``PyThread_exit_thread``. ``destroy_process_group`` does not join those threads while a DDP
+    reducer still holds the group. A failed worker raises on the usual path, so its traceback is
+    printed and torchrun's error file written.
+    """
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    sys.exit(record(main)())
+    code = record(lambda: main(trainer=trainer))()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run_worker()

@@ -197,6 +197,11 @@ def test_worker_failure_names_rank_and_timeout(tmp_path: Path, packed: Path, tin
     with pytest.raises(TrainingError, match=r"training worker rank 1 failed: RuntimeError: injected failure"):
         launch(cfg.launch, worker_spec(cfg, packed, tmp_path / "a", test_fail_rank=1), tmp_path / "a",
                env={"PYTHONPATH": str(REPO)}, module=faulty_trainer.MODULE)
+    # a rank killed by a signal (no Python exception handler runs) is named, with its Python stack
+    with pytest.raises(TrainingError, match=r"training worker rank 0 failed: Fatal Python error: Aborted") as died:
+        launch(cfg.launch, worker_spec(cfg, packed, tmp_path / "c", test_abort_rank=0), tmp_path / "c",
+               env={"PYTHONPATH": str(REPO)}, module=faulty_trainer.MODULE)
+    assert "in forward" in str(died.value) and "faulty_trainer.py" in str(died.value), died.value
     slow = TrainConfig(**tiny_train(launch={"timeout_s": 2}))
     with pytest.raises(TrainingError, match=r"timed out after 2s \(train\.launch\.timeout_s\)"):
         launch(slow.launch, worker_spec(slow, packed, tmp_path / "b"), tmp_path / "b")
@@ -205,6 +210,7 @@ def test_worker_failure_names_rank_and_timeout(tmp_path: Path, packed: Path, tin
 def _losses(root: Path, packed: Path, worker_spec, train: dict[str, Any]) -> list[dict[str, Any]]:
     cfg = TrainConfig(**train)
     launch(cfg.launch, worker_spec(cfg, packed, root), root)
+    assert not list(root.glob("errors/*.fatal"))  # no rank died of a signal: none of their dump files stays
     return [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines()]
 
 
