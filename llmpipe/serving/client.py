@@ -129,7 +129,8 @@ class TextClient:
     # -- streaming ----------------------------------------------------------------------------------
     def stream(self, prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 16,
                temperature: float = 0.0, prepared: list[Any] | None = None) -> Iterator[Chunk]:
-        """The answer of a streaming model, one Chunk per token as it arrives; the last is ``final``
+        """The answer of a streaming model, one Chunk per response as it arrives (a new token, or a
+        few when the server's sends fell behind); the last is ``final``
         (over HTTP an empty one: server-sent events mark no last response, the stream just ends).
 
         Raises InferenceServerException when the server refuses the request or fails mid-stream.

@@ -41,7 +41,8 @@ class DeployConfig(Section):
     # replayed). Triton 2.51 caches a refused request's error too and replays it as an empty answer.
     response_cache: bool = False
     streaming: bool = Field(True, description="also write the streaming model `<model_name>_stream` (decoupled: "
-                            "one response per token, over gRPC streaming and HTTP generate_stream); Python backend")
+                            "a response per new token, or per few when the sends fall behind, over gRPC streaming and HTTP "
+                            "generate_stream); Python backend")
     max_prompt_tokens: int = Field(512, ge=1)
     max_tokens_limit: int = Field(256, ge=1)
     default_max_tokens: int = Field(16, ge=1)

@@ -220,7 +220,7 @@ def stream_figures(records: list[StreamRecord], wall_s: float) -> dict[str, Any]
     return row
 
 
-EventHook = Callable[[int, str], None]  # (request number, "sent" | "chunk"), for tests' own clocks
+EventHook = Callable[[int, str, int], None]  # (request number, "sent" | "chunk", its tokens), for tests' clocks
 
 
 def _stream_level(url: str, model: str, protocol: Protocol, concurrency: int, requests: int,
@@ -238,7 +238,7 @@ def _stream_level(url: str, model: str, protocol: Protocol, concurrency: int, re
             prepared = [c.prepare(prompt=p, max_tokens=max_tokens) if protocol == "grpc" else None for p in prompts]
             while (i := tickets.take()) is not None:
                 if on_event is not None:
-                    on_event(i, "sent")
+                    on_event(i, "sent", 0)
                 rec = StreamRecord(time.perf_counter())
                 try:
                     for chunk in c.stream(prompt=prompts[i % len(prompts)], max_tokens=max_tokens,
@@ -247,7 +247,7 @@ def _stream_level(url: str, model: str, protocol: Protocol, concurrency: int, re
                             rec.arrivals.append(chunk.arrived)
                             rec.tokens += len(chunk.output_ids)
                             if on_event is not None:
-                                on_event(i, "chunk")
+                                on_event(i, "chunk", len(chunk.output_ids))
                 except Exception as e:  # noqa: BLE001 - counted and reported, the run goes on
                     with lock:
                         errors.append(str(e)[:200])

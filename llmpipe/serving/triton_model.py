@@ -51,11 +51,6 @@ STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
 
-# on_token(row, token id, last): called once per new token of each request, ``last`` on its final one;
-# returning True ends that row there (its client cancelled): no more tokens are generated for it
-TokenCallback = Callable[[int, int, bool], bool | None]
-
-
 class BadRequest(ValueError):
     """A request the model refuses, with a message meant for the client."""
 
@@ -124,8 +119,7 @@ def _pick(logits: torch.Tensor, temperature: float, rng: torch.Generator | None)
 
 @torch.inference_mode()
 def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: list[int], eos_ids: set[int],
-                 temperature: float = 0.0, on_token: TokenCallback | None = None,
-                 rng: torch.Generator | None = None) -> list[list[int]]:
+                 temperature: float = 0.0, rng: torch.Generator | None = None) -> list[list[int]]:
     """Greedy or sampled decoding of a left-padded batch with the model's own forward and a KV cache.
 
     The loop ``generate`` runs, without its per-call and per-step machinery (logits processors,
@@ -133,8 +127,7 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
     passes; 16 tokens for 8 requests then take about 1.25 times what they take for one. Greedy output
     equals ``model.generate`` greedy output (a test pins it). ``keep`` marks real tokens (False on the
     left padding). Row ``i`` gets at most ``budgets[i]`` tokens and stops after an end-of-sequence
-    token; ``on_token(row, token, last)`` sees each new token as soon as it is picked and ends the row
-    when it returns True (a cancelled stream); the loop ends when every row is done.
+    token; the loop ends when every row is done. (Streams are decoded by :class:`RunningBatch`.)
     """
     from transformers import DynamicCache
 
@@ -156,10 +149,7 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
             if not live[row]:
                 continue
             out[row].append(tok)
-            last = len(out[row]) >= budgets[row] or tok in eos_ids
-            live[row] = not last
-            if on_token is not None and on_token(row, tok, last):
-                live[row] = False
+            live[row] = len(out[row]) < budgets[row] and tok not in eos_ids
         if not any(live):
             break
         length += 1
@@ -375,24 +365,18 @@ class Generator:
 
     # -- generation -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, reqs: list[GenRequest], on_token: TokenCallback | None = None) -> list[list[int]]:
-        """New token ids per request; requests with the same temperature share one padded batch.
-
-        With ``on_token`` every new token is also handed on as soon as it is generated (streaming);
-        ``row`` is the request's index in ``reqs``.
-        """
+    def generate(self, reqs: list[GenRequest]) -> list[list[int]]:
+        """New token ids per request; requests with the same temperature share one padded batch."""
         out: list[list[int]] = [[] for _ in reqs]
         groups: dict[float, list[int]] = {}
         for i, r in enumerate(reqs):
             groups.setdefault(r.temperature, []).append(i)
         for temp, idx in groups.items():
-            cb = None if on_token is None else _reindex(on_token, idx)
-            for i, ids in zip(idx, self._generate_group([reqs[i] for i in idx], temp, cb), strict=True):
+            for i, ids in zip(idx, self._generate_group([reqs[i] for i in idx], temp), strict=True):
                 out[i] = ids
         return out
 
-    def _generate_group(self, reqs: list[GenRequest], temperature: float,
-                        on_token: TokenCallback | None) -> list[list[int]]:
+    def _generate_group(self, reqs: list[GenRequest], temperature: float) -> list[list[int]]:
         width = max(len(r.input_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         keep = torch.zeros((len(reqs), width), dtype=torch.bool)
@@ -400,15 +384,10 @@ class Generator:
             ids[row, width - len(r.input_ids):] = torch.tensor(r.input_ids, dtype=torch.long)
             keep[row, width - len(r.input_ids):] = True
         return decode_batch(self.model, ids.to(self.device), keep.to(self.device), [r.max_tokens for r in reqs],
-                            self.eos_ids, temperature, on_token)
+                            self.eos_ids, temperature)
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
-
-
-def _reindex(on_token: TokenCallback, idx: list[int]) -> TokenCallback:
-    """A group's row numbers mapped back to the request's index in the whole batch."""
-    return lambda row, tok, last: on_token(idx[row], tok, last)  # passes a stop (True) on
 
 
 class TextDeltas:
@@ -465,46 +444,97 @@ def _answer(text: str, tokens: list[int]) -> Any:
     ])
 
 
+@dataclass
+class Tokens:
+    """New tokens of one stream not yet sent: their ids and the text they add."""
+
+    text: str
+    ids: list[int]
+
+
 class Outbox:
     """Sends the streams' responses from a thread of its own, in the order they were put.
 
     A send is a round trip to the Triton server process (it waits while the server takes the
     response); with 8 streams a step's 8 sends took several times the tiny model's forward pass. On
     this thread they overlap the next step's forward instead of adding to it (sending from another
-    thread is how Triton's decoupled examples answer): ITL p50 at 8 clients 4.0 instead of 6.2-6.6 ms
-    in one run. A send that raises marks its stream broken (``on_broken`` sees it once) and the
-    stream's later responses are dropped.
+    thread is how Triton's decoupled examples answer). When the sends fall behind the decode steps,
+    the :class:`Tokens` of one stream that wait in the queue together go out as one response (the
+    ids and text concatenated, the FINAL flag kept): each token still leaves as soon as the thread
+    can send, and a stream never waits for a send of tokens it already has. A send that raises
+    marks its stream broken (``on_broken`` sees it once) and the stream's later responses are
+    dropped. ``respond(text, ids)`` builds the response of some tokens.
     """
 
-    def __init__(self, on_broken: Callable[[Any], None]) -> None:
-        self.on_broken = on_broken
+    def __init__(self, on_broken: Callable[[Any], None], respond: Callable[[str, list[int]], Any]) -> None:
+        self.on_broken, self.respond = on_broken, respond
         self.queue: queue.Queue[tuple[Any, Any, Any, int]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="llmpipe-outbox", daemon=True)
         self.thread.start()
 
     def put(self, stream: Any, sender: Any, response: Any, flags: int) -> None:
-        """``stream``: an object with a ``broken`` flag (set here when a send fails)."""
+        """``stream``: an object with a ``broken`` flag (set here when a send fails); ``response``: a
+        response, :class:`Tokens`, or None (flags only)."""
         self.queue.put((stream, sender, response, flags))
 
     def _run(self) -> None:
         while True:
-            stream, sender, response, flags = self.queue.get()
-            if sender is None:
-                return
-            if stream.broken:
-                continue
-            try:
-                if response is None:
-                    sender.send(flags=flags)
-                else:
-                    sender.send(response, flags=flags)
-            except Exception:  # noqa: BLE001 - its stream is broken; the others go on
-                stream.broken = True
-                self.on_broken(stream)
+            waiting = [self.queue.get()]
+            while True:  # everything queued meanwhile: one stream's tokens among it merge
+                try:
+                    waiting.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            for stream, sender, response, flags in coalesce(waiting):
+                if sender is None:
+                    return
+                self._send(stream, sender, response, flags)
+
+    def _send(self, stream: Any, sender: Any, response: Any, flags: int) -> None:
+        if stream.broken:
+            return
+        try:
+            if response is None:
+                sender.send(flags=flags)
+            else:
+                if isinstance(response, Tokens):
+                    response = self.respond(response.text, response.ids)
+                sender.send(response, flags=flags)
+        except Exception:  # noqa: BLE001 - its stream is broken; the others go on
+            stream.broken = True
+            self.on_broken(stream)
 
     def close(self) -> None:
         self.queue.put((None, None, None, 0))
         self.thread.join(timeout=10)
+
+
+def coalesce(items: list[tuple[Any, Any, Any, int]]) -> list[tuple[Any, Any, Any, int]]:
+    """Queued sends with each stream's consecutive :class:`Tokens` merged into the first of them.
+
+    Order is kept within a stream, and nothing is moved past a send of another kind (an error, a
+    flags-only close, the stop marker), so what a client reads is the same text, ids and final flag.
+    """
+    out: list[tuple[Any, Any, Any, int]] = []
+    open_at: dict[int, int] = {}  # stream -> index in out of its Tokens that can still grow
+    for stream, sender, response, flags in items:
+        key = id(stream)
+        at = open_at.get(key)
+        if isinstance(response, Tokens) and at is not None:
+            _, first_sender, prev, prev_flags = out[at]
+            out[at] = (stream, first_sender, Tokens(prev.text + response.text, prev.ids + response.ids),
+                       prev_flags | flags)
+            if flags:  # final: nothing of this stream comes after it
+                del open_at[key]
+            continue
+        if sender is None:  # the stop marker: what came before it is sent, nothing after
+            out.append((stream, sender, response, flags))
+            return out
+        open_at.pop(key, None)
+        if isinstance(response, Tokens) and not flags:
+            open_at[key] = len(out)
+        out.append((stream, sender, response, flags))
+    return out
 
 
 class _Sent:
@@ -611,7 +641,7 @@ class TritonPythonModel:
             # time, and execute (new streams) and the outbox (sends) need it for moments; at
             # CPython's 5 ms switch interval each such moment could wait 5 ms, in TTFT and ITL
             sys.setswitchinterval(min(sys.getswitchinterval(), STREAM_SWITCH_INTERVAL_S))
-            self.outbox = Outbox(self._send_failed)
+            self.outbox = Outbox(self._send_failed, _answer)
             batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
             self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment)
@@ -692,7 +722,7 @@ class TritonPythonModel:
             sent.tokens += 1
             if last:  # counted before the final send: a client holding its last token reads it counted
                 self._count_tokens(sent)
-            self.outbox.put(sent, sender, _answer(deltas.add(token, last), [token]), final if last else 0)
+            self.outbox.put(sent, sender, Tokens(deltas.add(token, last), [token]), final if last else 0)
             return False
 
         return Stream(request, on_token, owner=sent)

@@ -1,6 +1,6 @@
-"""Cancelling a stream stops its generation. The decode loop ends a row whose token callback says stop;
-then on a real Triton server a gRPC client cancels a long stream after its first token: the streaming
-model stops generating for it (seen in the server's own token and forward-pass counters, not
+"""Cancelling a stream stops its generation (the running batch drops a cancelled row:
+``test_serving_inflight.py``). On a real Triton server a gRPC client cancels a long stream after
+its first token: the streaming model stops generating for it (seen in the server's own token and forward-pass counters, not
 the client) and another client's stream, concurrent or later, still gets the full, correct answer."""
 
 from __future__ import annotations
@@ -20,31 +20,12 @@ from llmpipe.serving.client import TextClient
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.monitoring import metric_sum, read_metrics
 from llmpipe.serving.repository import write_model_repository
-from llmpipe.serving.triton_model import PASSES_METRIC, TOKENS_METRIC, Generator, Limits
+from llmpipe.serving.triton_model import PASSES_METRIC, TOKENS_METRIC
 
 needs_triton = pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")
 MODEL, STREAM = "cancel_lm", "cancel_lm_stream"
 LIMIT = 256  # max_tokens_limit: the long stream asks for all of it
 PROMPTS = ["the quick brown fox", "once upon a time", "héllo wörld, numbers 12345", "a b c d e f"]
-
-
-def test_a_stopped_row_generates_nothing_more_and_its_neighbours_go_on(tiny_checkpoint: Path) -> None:
-    gen = Generator(str(tiny_checkpoint), Limits(max_prompt_tokens=32, max_tokens_limit=64))
-    gen.eos_ids = set()  # every row runs to its budget unless stopped
-    reqs = [gen.parse(p.encode(), None, 40, 0.0) for p in PROMPTS[:3]]
-    free = gen.generate(reqs)
-    calls: list[int] = []
-
-    def stop_row_1_at_3(row: int, tok: int, last: bool) -> bool:
-        calls.append(row)
-        return row == 1 and calls.count(1) == 3
-
-    got = gen.generate(reqs, stop_row_1_at_3)
-    assert got[1] == free[1][:3] and calls.count(1) == 3  # nothing generated for it after the stop
-    assert got[0] == free[0] and got[2] == free[2]
-    calls.clear()
-    assert gen.generate(reqs, lambda row, tok, last: calls.append(row) or True) == [t[:1] for t in free]
-    assert calls == [0, 1, 2]  # every row stopped after its first token: the loop ended at step one
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +63,7 @@ def _passes(server: srv.TritonServer) -> float:
 
 
 def _cancel_after_first_token(server: srv.TritonServer, prompt: str) -> int:
-    """Start a LIMIT-token stream, cancel it once its first token arrives; the tokens the client got."""
+    """Start a LIMIT-token stream, cancel it once its first response arrives; the tokens the client got."""
     got: queue.Queue[Any] = queue.Queue()
     with TextClient(server.grpc_url, STREAM, "grpc") as c:
         inputs = c.prepare(prompt=prompt, max_tokens=LIMIT)
@@ -92,11 +73,15 @@ def _cancel_after_first_token(server: srv.TritonServer, prompt: str) -> int:
         client.async_stream_infer(STREAM, inputs, request_id="cancelled")
         result, error = got.get(timeout=60)
         assert error is None, error
-        assert result.as_numpy("output_ids").size == 1
+        received = result.as_numpy("output_ids").size  # one token, or a few when the sends fell behind
+        assert received >= 1
         client.stop_stream(cancel_requests=True)  # tritonclient's public cancellation: cancels what is pending
     finally:
         client.close()
-    return 1 + got.qsize()
+    while not got.empty():
+        result, error = got.get()
+        received += 0 if result is None else result.as_numpy("output_ids").size
+    return received
 
 
 @pytest.mark.slow

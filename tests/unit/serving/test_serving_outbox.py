@@ -1,0 +1,84 @@
+"""The streaming model's send thread: when sends fall behind, one stream's waiting tokens leave as
+one response, and what each client reads (text, ids, final flag, order) is what it would read
+token by token."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from llmpipe.serving.triton_model import Outbox, Tokens, coalesce
+
+FINAL = 1
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.broken = False
+
+
+class _Sender:
+    """Records each send; the first one blocks until ``release`` is set (a slow server)."""
+
+    def __init__(self, release: threading.Event, log: list[tuple[Any, Any, int]], fail: bool = False) -> None:
+        self.release, self.log, self.fail = release, log, fail
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("client went away")
+        self.log.append((self, response, flags))
+
+
+def _tokens(text: str, *ids: int) -> Tokens:
+    return Tokens(text, list(ids))
+
+
+def test_coalesce_merges_one_streams_tokens_and_moves_nothing_past_other_sends() -> None:
+    a, b = _Stream(), _Stream()
+    items = [(a, "sa", _tokens("x", 1), 0), (b, "sb", _tokens("p", 7), 0), (a, "sa", _tokens("y", 2), 0),
+             (b, "sb", "error", FINAL), (a, "sa", _tokens("z", 3), FINAL), (a, "sa", _tokens("!", 4), 0)]
+    out = coalesce(items)
+    assert [(s, r.text if isinstance(r, Tokens) else r, f) for s, _, r, f in out] == [
+        (a, "xyz", FINAL), (b, "p", 0), (b, "error", FINAL), (a, "!", 0)]  # a's final closed its merge
+    assert out[0][2].ids == [1, 2, 3]
+    close = [(a, "sa", _tokens("x", 1), 0), (a, "sa", None, FINAL), (a, "sa", _tokens("y", 2), 0)]
+    assert [r for _, _, r, _ in coalesce(close)] == [close[0][2], None, close[2][2]]  # a close is not merged into
+    stop = [(a, "sa", _tokens("x", 1), 0), (None, None, None, 0), (a, "sa", _tokens("y", 2), 0)]
+    assert len(coalesce(stop)) == 2  # nothing after the stop marker
+
+
+def test_a_slow_send_merges_the_tokens_that_wait_behind_it() -> None:
+    release, log = threading.Event(), []
+    outbox = Outbox(on_broken=lambda s: None, respond=lambda text, ids: (text, ids))
+    a, b = _Stream(), _Stream()
+    sa, sb = _Sender(release, log), _Sender(release, log)
+    outbox.put(a, sa, _tokens("he", 10), 0)
+    time.sleep(0.2)  # the thread took it and is stuck in its send
+    for i, piece in enumerate(["ll", "o", " w"]):
+        outbox.put(a, sa, _tokens(piece, 11 + i), 0)
+        outbox.put(b, sb, _tokens(str(i), 20 + i), FINAL if i == 2 else 0)
+    outbox.put(a, sa, _tokens("orld", 14), FINAL)
+    release.set()
+    outbox.close()
+    by = {sa: [], sb: []}
+    for sender, response, flags in log:
+        by[sender].append((response, flags))
+    assert by[sa] == [(("he", [10]), 0), (("llo world", [11, 12, 13, 14]), FINAL)]
+    assert by[sb] == [(("012", [20, 21, 22]), FINAL)]
+    assert len(log) == 3  # 9 tokens in 3 sends
+
+
+def test_a_failed_send_breaks_only_its_stream() -> None:
+    release, log, broken = threading.Event(), [], []
+    release.set()
+    outbox = Outbox(on_broken=broken.append, respond=lambda text, ids: (text, ids))
+    a, b = _Stream(), _Stream()
+    sa = _Sender(release, log, fail=True)
+    outbox.put(a, sa, _tokens("x", 1), 0)
+    time.sleep(0.2)  # sent (and failed) before the next ones are put
+    outbox.put(b, _Sender(release, log), _tokens("y", 2), FINAL)
+    outbox.put(a, sa, _tokens("z", 3), FINAL)  # dropped: its stream broke
+    outbox.close()
+    assert broken == [a] and a.broken and [r for _, r, _ in log] == [("y", [2])]
