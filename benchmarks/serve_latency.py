@@ -5,7 +5,7 @@ One local Triton server (nvidia-pytriton's binary) serves the same tiny checkpoi
 and the baseline ``lm_unbatched`` (same repository, dynamic_batching off: one request per execute).
 Each is load-tested over gRPC with greedy requests: at 1 client, then at 8 clients in ``--rounds``
 rounds that alternate the two models (each model's rounds pooled: its requests over its seconds). Then the streaming model ``lm_batched_stream``
-(decoupled, one response per token, batching in flight: no batching window) is load-tested at 1 and 8 clients for the figures serving users
+(decoupled, a response per new token or per few, batching in flight: no batching window) is load-tested at 1 and 8 clients for the figures serving users
 quote: time to first token, inter-token latency, end-to-end latency (p50/p90/p99), output tokens/s;
 ``--chart FILE`` draws them against concurrency. The batching window (``--queue-delay-us``, 20 ms)
 is about what one batch of 8 takes on a quiet machine: closed-loop clients that fell into two half batches (the second

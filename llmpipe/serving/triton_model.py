@@ -47,6 +47,7 @@ SETTINGS_FILE = "llmpipe_serving.json"
 ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an error, by reason
 TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
 PASSES_METRIC = "llmpipe_stream_forward_passes_total"  # the streaming model's forward passes (prefill or step)
+RESPONSES_METRIC = "llmpipe_stream_responses_total"  # the streaming model's responses that carried tokens
 STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
@@ -463,11 +464,13 @@ class Outbox:
     ids and text concatenated, the FINAL flag kept): each token still leaves as soon as the thread
     can send, and a stream never waits for a send of tokens it already has. A send that raises
     marks its stream broken (``on_broken`` sees it once) and the stream's later responses are
-    dropped. ``respond(text, ids)`` builds the response of some tokens.
+    dropped. ``respond(text, ids)`` builds the response of some tokens; ``on_send(stream, tokens,
+    flags)`` sees each send just before it leaves (``tokens``: whether it carries any).
     """
 
-    def __init__(self, on_broken: Callable[[Any], None], respond: Callable[[str, list[int]], Any]) -> None:
-        self.on_broken, self.respond = on_broken, respond
+    def __init__(self, on_broken: Callable[[Any], None], respond: Callable[[str, list[int]], Any],
+                 on_send: Callable[[Any, bool, int], None] | None = None) -> None:
+        self.on_broken, self.respond, self.on_send = on_broken, respond, on_send
         self.queue: queue.Queue[tuple[Any, Any, Any, int]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="llmpipe-outbox", daemon=True)
         self.thread.start()
@@ -494,6 +497,8 @@ class Outbox:
         if stream.broken:
             return
         try:
+            if self.on_send is not None:
+                self.on_send(stream, isinstance(response, Tokens), flags)
             if response is None:
                 sender.send(flags=flags)
             else:
@@ -538,10 +543,11 @@ def coalesce(items: list[tuple[Any, Any, Any, int]]) -> list[tuple[Any, Any, Any
 
 
 class _Sent:
-    """What the model keeps per stream: its sender, the tokens it was sent, whether a send failed."""
+    """What the model keeps per stream: its sender, the tokens it was sent, the responses that carried
+    them, whether a send failed."""
 
     def __init__(self, sender: Any = None) -> None:
-        self.sender, self.tokens, self.broken = sender, 0, False
+        self.sender, self.tokens, self.responses, self.broken = sender, 0, 0, False
 
 
 class StreamScheduler:
@@ -630,18 +636,22 @@ class TritonPythonModel:
             pb_utils.MetricFamily(name=PASSES_METRIC, description="Forward passes of the streaming model's running "
                                   "batch (prefills and decode steps); tokens / passes is its mean batch",
                                   kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name=RESPONSES_METRIC, description="Responses of the streaming model that carried "
+                                  "tokens; tokens / responses above 1: sends fell behind and tokens left together",
+                                  kind=pb_utils.MetricFamily.COUNTER),
         ]
         self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
         self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
         self.tokens = self.families[1].Metric(labels=labels)
         self.passes = self.families[2].Metric(labels=labels)
+        self.responses = self.families[3].Metric(labels=labels)
         self.outbox = self.scheduler = None
         if self.decoupled:
             # three threads share this process's GIL: the generation thread runs Python most of the
             # time, and execute (new streams) and the outbox (sends) need it for moments; at
             # CPython's 5 ms switch interval each such moment could wait 5 ms, in TTFT and ITL
             sys.setswitchinterval(min(sys.getswitchinterval(), STREAM_SWITCH_INTERVAL_S))
-            self.outbox = Outbox(self._send_failed, _answer)
+            self.outbox = Outbox(self._send_failed, _answer, self._counting_responses)
             batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
             self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment)
@@ -731,6 +741,14 @@ class TritonPythonModel:
         if sent.tokens:
             self.tokens.increment(sent.tokens)  # once per stream: an increment is a round trip too
 
+    def _counting_responses(self, sent: _Sent, tokens: bool, flags: int) -> None:
+        """Count a stream's responses with tokens; add them to the metric with its final send, before
+        it leaves (a client holding its last response reads them counted), once per stream: an
+        increment is a round trip to the server."""
+        sent.responses += tokens
+        if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL and sent.responses:
+            self.responses.increment(sent.responses)
+
     def _stream_failed(self, stream: Stream, error: Exception) -> None:
         """Generation raised: the stream's error as its final response, counted as failed."""
         sent = stream.owner
@@ -747,5 +765,5 @@ class TritonPythonModel:
         if self.outbox is not None:
             self.outbox.close()
         self.gen = None
-        self.refused = self.failed = self.tokens = self.passes = None  # metrics before their families
+        self.refused = self.failed = self.tokens = self.passes = self.responses = None  # before their families
         self.families = []

@@ -70,7 +70,7 @@ def test_streaming_model_beside_the_batch_model(tmp_path: Path, tiny_checkpoint:
     batch = (tmp_path / "repo" / "lm" / "config.pbtxt").read_text()
     stream = (tmp_path / "repo" / "lm_stream" / "config.pbtxt").read_text()
     assert "decoupled" not in batch and "response_cache { enable: true }" in batch
-    # decoupled: one response per token; Triton caches only one-response models
+    # decoupled: many responses per request; Triton caches only one-response models
     assert 'name: "lm_stream"' in stream and "model_transaction_policy { decoupled: true }" in stream
     assert "response_cache" not in stream and "dynamic_batching" in stream
     # same tensors, batch sizes, instances; no batching window: streams join the running batch in flight

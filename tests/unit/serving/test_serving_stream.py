@@ -18,7 +18,7 @@ from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.loadtest import SloViolation, percentile, stream_load_test
 from llmpipe.serving.monitoring import metric_sum, read_metrics
 from llmpipe.serving.repository import write_model_repository
-from llmpipe.serving.triton_model import ERRORS_METRIC
+from llmpipe.serving.triton_model import ERRORS_METRIC, RESPONSES_METRIC, TOKENS_METRIC
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")]
@@ -55,6 +55,22 @@ def test_streamed_tokens_concatenate_to_the_batch_answer(server: srv.TritonServe
         ids = [7, 150, 33, 201]  # by token ids too
         assert [t for c in stream.stream(input_ids=ids, max_tokens=6) for t in c.output_ids] == \
             batch.generate(input_ids=ids, max_tokens=6).output_ids
+
+
+def test_the_server_counts_the_responses_and_tokens_a_client_reads(server: srv.TritonServer) -> None:
+    def counted() -> tuple[float, float]:
+        found = read_metrics(f"http://127.0.0.1:{server.metrics_port}/metrics")
+        return metric_sum(found, RESPONSES_METRIC, model=STREAM), metric_sum(found, TOKENS_METRIC, model=STREAM)
+
+    responses0, tokens0 = counted()
+    chunks = tokens = 0
+    with TextClient(server.grpc_url, STREAM, "grpc") as c:
+        for prompt in PROMPTS * 2:
+            got = [ch for ch in c.stream(prompt=prompt, max_tokens=24) if ch.output_ids]
+            chunks, tokens = chunks + len(got), tokens + sum(len(ch.output_ids) for ch in got)
+    responses1, tokens1 = counted()  # counted before each stream's final send: settled once it is read
+    assert (responses1 - responses0, tokens1 - tokens0) == (chunks, tokens)
+    assert chunks <= tokens  # tokens / responses: above 1 where sends fell behind
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
