@@ -7,7 +7,7 @@ Each is load-tested over gRPC with greedy requests: at 1 client, then at 8 clien
 rounds that alternate the two models (each model's rounds pooled: its requests over its seconds). Then the streaming model ``lm_batched_stream``
 (decoupled, a response per new token or per few, batching in flight: no batching window) is load-tested at 1 and 8 clients for the figures serving users
 quote: time to first token, inter-token latency, end-to-end latency (p50/p90/p99), output tokens/s;
-``--chart FILE`` draws them against concurrency. The batching window (``--queue-delay-us``, 20 ms)
+``--chart FILE`` draws them against concurrency; each level also prints tokens per response (the server's counters). The batching window (``--queue-delay-us``, 20 ms)
 is about what one batch of 8 takes on a quiet machine: closed-loop clients that fell into two half batches (the second
 half queued while the first one ran) wait for the others and merge again, where a 5 ms window keeps
 them split; the price is up to that window of queueing for a lone client. The line before the last
@@ -22,6 +22,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # benchmarks/ holds scripts named like stdlib modules (tokenize.py): keep it off the import path.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -30,9 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from benchmarks._common import result  # noqa: E402
 from llmpipe.serving.config import DeployConfig  # noqa: E402
 from llmpipe.serving.loadtest import load_test, plot_levels, stream_load_test  # noqa: E402
+from llmpipe.serving.monitoring import metric_sum, read_metrics  # noqa: E402
 from llmpipe.serving.repository import write_model_repository  # noqa: E402
 from llmpipe.serving.server import serve  # noqa: E402
+from llmpipe.serving.triton_model import RESPONSES_METRIC, TOKENS_METRIC  # noqa: E402
 from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+
+STREAM = "lm_batched_stream"
+
+
+def _stream_counters(srv: Any) -> tuple[float, float]:
+    """The streaming model's responses with tokens and its tokens sent, from Triton's metrics port."""
+    found = read_metrics(f"http://127.0.0.1:{srv.metrics_port}/metrics")
+    return metric_sum(found, RESPONSES_METRIC, model=STREAM), metric_sum(found, TOKENS_METRIC, model=STREAM)
 
 
 def _pooled(runs: list[dict]) -> float:
@@ -71,12 +82,20 @@ def main() -> None:
                     print(f"{model:13s} clients={clients} round {rnd}  p50 {r['p50_ms']:8.1f} ms  p99 "
                           f"{r['p99_ms']:8.1f} ms  throughput {r['throughput_rps']:7.2f} req/s  mean batch "
                           f"{r['mean_batch_size']:.2f}", flush=True)
-            stream = stream_load_test(srv.grpc_url, "lm_batched_stream", concurrency=(1, 8), requests=args.requests,
-                                      max_seconds=300, max_tokens=args.stream_tokens)
-    for lv in stream["levels"]:
-        print(f"lm_batched_stream clients={lv['concurrency']}  TTFT p50/p99 {lv['ttft_p50_ms']:.1f}/{lv['ttft_p99_ms']:.1f} ms  "
+            levels, per_response = [], []
+            for clients in (1, 8):  # one level at a time: the server's counters say how its tokens left
+                before = _stream_counters(srv)
+                stream = stream_load_test(srv.grpc_url, STREAM, concurrency=(clients,), requests=args.requests,
+                                          max_seconds=300, max_tokens=args.stream_tokens)
+                after = _stream_counters(srv)
+                levels += stream["levels"]
+                per_response.append((after[1] - before[1]) / max(1.0, after[0] - before[0]))
+            stream["levels"] = levels
+    for lv, tpr in zip(stream["levels"], per_response, strict=True):
+        print(f"{STREAM} clients={lv['concurrency']}  TTFT p50/p99 {lv['ttft_p50_ms']:.1f}/{lv['ttft_p99_ms']:.1f} ms  "
               f"ITL p50/p99 {lv['itl_p50_ms']:.2f}/{lv['itl_p99_ms']:.2f} ms  e2e p50/p99 {lv['e2e_p50_ms']:.1f}/"
-              f"{lv['e2e_p99_ms']:.1f} ms  {lv['output_tokens_per_s']:.0f} tokens/s  {lv['requests_per_s']:.1f} req/s")
+              f"{lv['e2e_p99_ms']:.1f} ms  {lv['output_tokens_per_s']:.0f} tokens/s  {lv['requests_per_s']:.1f} req/s  "
+              f"{tpr:.2f} tokens per response")
     if args.chart is not None:
         print(f"chart: {plot_levels(stream, args.chart)}")
     on, off = (_pooled(results[(m, 8)]) for m in ("lm_batched", "lm_unbatched"))
