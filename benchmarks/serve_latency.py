@@ -42,7 +42,7 @@ STREAM = "lm_batched_stream"
 
 def _stream_counters(srv: Any) -> tuple[float, float]:
     """The streaming model's responses with tokens and its tokens sent, from Triton's metrics port."""
-    found = read_metrics(f"http://127.0.0.1:{srv.metrics_port}/metrics")
+    found = read_metrics(srv.metrics_url)
     return metric_sum(found, RESPONSES_METRIC, model=STREAM), metric_sum(found, TOKENS_METRIC, model=STREAM)
 
 

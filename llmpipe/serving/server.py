@@ -59,6 +59,11 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        """Triton's Prometheus metrics (``monitoring.read_metrics`` reads them)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -162,7 +162,7 @@ def test_error_rate_alert_fires_at_the_webhook(tmp_path: Path, tiny_checkpoint: 
         assert "of requests fail" in alert["annotations"]["summary"]
         assert "TritonDown" not in mon.webhook.firing()
         # Triton alone would not see it: the refusals are successes to it, our counter has them
-        samples = monitoring.read_metrics(f"http://127.0.0.1:{triton.metrics_port}/metrics")
+        samples = monitoring.read_metrics(triton.metrics_url)
         assert monitoring.metric_sum(samples, "nv_inference_request_failure", model=model) == 0
         assert monitoring.metric_sum(samples, "llmpipe_request_errors_total", model=model) == 10
         for expr in dashboard_exprs():  # every panel's query runs on the real Prometheus

@@ -47,13 +47,13 @@ def long_prompt(server: srv.TritonServer) -> str:
 
 
 def _tokens(server: srv.TritonServer) -> float:
-    return metric_sum(read_metrics(f"http://127.0.0.1:{server.metrics_port}/metrics"), TOKENS_METRIC, model=STREAM)
+    return metric_sum(read_metrics(server.metrics_url), TOKENS_METRIC, model=STREAM)
 
 
 def _passes(server: srv.TritonServer) -> float:
     """The stream model's forward passes, once the counter has settled (its generation thread adds
     the passes when it goes idle, a moment after the last response)."""
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    url = server.metrics_url
     last, deadline = None, time.monotonic() + 60
     while (now := metric_sum(read_metrics(url), PASSES_METRIC, model=STREAM)) != last:
         assert time.monotonic() < deadline, "the forward-pass counter did not settle"

@@ -59,7 +59,7 @@ def test_streamed_tokens_concatenate_to_the_batch_answer(server: srv.TritonServe
 
 def test_the_server_counts_the_responses_and_tokens_a_client_reads(server: srv.TritonServer) -> None:
     def counted() -> tuple[float, float]:
-        found = read_metrics(f"http://127.0.0.1:{server.metrics_port}/metrics")
+        found = read_metrics(server.metrics_url)
         return metric_sum(found, RESPONSES_METRIC, model=STREAM), metric_sum(found, TOKENS_METRIC, model=STREAM)
 
     responses0, tokens0 = counted()
@@ -93,7 +93,7 @@ def test_first_token_arrives_long_before_a_64_token_answer_ends(server: srv.Trit
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_refused_requests_get_their_reason_and_are_counted(server: srv.TritonServer, protocol: str) -> None:
-    metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    metrics = server.metrics_url
     before = read_metrics(metrics)
     with TextClient(_url(server, protocol), STREAM, protocol) as c:
         with pytest.raises(InferenceServerException, match="'prompt' is empty"):
@@ -117,7 +117,7 @@ def test_refused_requests_get_their_reason_and_are_counted(server: srv.TritonSer
 
 
 def test_response_cache_serves_a_repeated_request_and_not_a_different_one(server: srv.TritonServer) -> None:
-    metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    metrics = server.metrics_url
 
     def counts() -> tuple[float, float]:
         m = read_metrics(metrics)
