@@ -40,9 +40,18 @@ GUARD_SCAN_S = 1.0  # how often the watchdog notes the descendants of the proces
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` right now. Their sockets stay bound until all are
+    picked: ``n`` calls of :func:`free_port` can get the same port back (the OS reuses a port just
+    released), and a server given it twice fails to start ("already in use")."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def wait_for_http(url: str, timeout: float = 60.0, proc: ManagedProcess | None = None) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from llmpipe.processes import free_port, interrupt_on, spawn, stop_tree
+from llmpipe.processes import free_ports, interrupt_on, spawn, stop_tree
 from llmpipe.serving.repository import REPO_DIR, serving_copy
 
 
@@ -159,7 +159,9 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
         raise ServerError(f"{repo}: not a Triton model repository (no <model>/config.pbtxt)")
     runtime = prepare_runtime()
     run_repo = serving_copy(repo)  # the server writes (bytecode) into a copy, never into the artifact
-    ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
+    wanted = (http_port, grpc_port, metrics_port)
+    picked = iter(p for p in free_ports(4) if p not in wanted)  # distinct, and none of the given ones
+    ports = [p or next(picked) for p in wanted]
     log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
     cmd = [str(runtime / "bin" / "tritonserver"), f"--model-repository={run_repo}",
            f"--backend-directory={runtime / 'backends'}", f"--cache-directory={runtime / 'caches'}",

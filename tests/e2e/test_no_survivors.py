@@ -290,9 +290,9 @@ def test_run_with_temporary_prefect_server_killed_in_pretrain(store: list[str], 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_serve_stopped_leaves_no_triton(sig: signal.Signals, model_repo: Path, root: Path,
                                         env: dict[str, str]) -> None:
-    from llmpipe.processes import free_port
+    from llmpipe.processes import free_ports
 
-    ports = [str(free_port()) for _ in range(3)]
+    ports = [str(p) for p in free_ports(3)]
     cmd = Command([*CLI, "serve", str(model_repo), "--http-port", ports[0], "--grpc-port", ports[1],
                    "--metrics-port", ports[2]], root / f"serve-{sig.name}.log", env)
 
@@ -306,12 +306,12 @@ def test_serve_stopped_leaves_no_triton(sig: signal.Signals, model_repo: Path, r
 
 def test_serve_monitor_killed_leaves_no_triton_prometheus_alertmanager(model_repo: Path, root: Path,
                                                                        env: dict[str, str]) -> None:
-    from llmpipe.processes import free_port
+    from llmpipe.processes import free_ports
     from llmpipe.serving.monitoring import alertmanager_binary, prometheus_binary
 
     if prometheus_binary() is None or alertmanager_binary() is None:
         pytest.skip("prometheus / alertmanager not installed (scripts/install.sh --test)")
-    ports = [str(free_port()) for _ in range(5)]
+    ports = [str(p) for p in free_ports(5)]
     cmd = Command([*CLI, "serve", str(model_repo), "--monitor", "--http-port", ports[0], "--grpc-port", ports[1],
                    "--metrics-port", ports[2], "--prometheus-port", ports[3], "--alertmanager-port", ports[4]],
                   root / "serve-monitor.log", env)

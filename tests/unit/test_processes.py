@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import textwrap
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmpipe.processes import ManagedProcess, free_port, wait_for_http
+from llmpipe.processes import ManagedProcess, free_port, free_ports, wait_for_http
 
 STUBBORN = textwrap.dedent(
     """
@@ -69,3 +70,14 @@ def test_wait_for_http_answers(tmp_path: Path) -> None:
     with server:
         wait_for_http(f"http://127.0.0.1:{port}/", timeout=20, proc=server)
     assert not server.alive()
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    """Ports picked one call at a time can repeat (a server given one twice fails "already in use");
+    free_ports keeps them apart, and each is free to bind once it returns."""
+    for _ in range(50):
+        ports = free_ports(5)
+        assert len(set(ports)) == 5, ports
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -205,12 +205,13 @@ class _SSEUpstream(BaseHTTPRequestHandler):
 @pytest.mark.slow  # starts nginx (about a second)
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not installed (scripts/install.sh installs it)")
 def test_nginx_passes_generate_stream_events_as_they_come(tmp_path: Path) -> None:
-    from llmpipe.processes import free_port
+    from llmpipe.processes import free_ports
 
     _SSEUpstream.first_read.clear()
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), _SSEUpstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    up, ports = upstream.server_address[1], {p: free_port() for p in PRODUCTION_PORTS.values()}
+    up = upstream.server_address[1]
+    ports = dict(zip(PRODUCTION_PORTS.values(), free_ports(len(PRODUCTION_PORTS)), strict=True))
     conf = re.sub(r"\btriton-\d+:\d+", f"127.0.0.1:{up}", (ROOT / "nginx.conf").read_text())
     conf = re.sub(r"listen (\d+)", lambda m: f"listen 127.0.0.1:{ports[int(m.group(1))]}", conf)
     conf = conf.replace("pid /tmp/nginx.pid;", f"pid {tmp_path}/nginx.pid;")
