@@ -160,7 +160,9 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
     runtime = prepare_runtime()
     run_repo = serving_copy(repo)  # the server writes (bytecode) into a copy, never into the artifact
     wanted = (http_port, grpc_port, metrics_port)
-    picked = iter(p for p in free_ports(4) if p not in wanted)  # distinct, and none of the given ones
+    # distinct, and none of the given ones: k given ports strike at most k of the picks, which
+    # leaves one more than the 3 - k ports to fill
+    picked = iter(p for p in free_ports(len(wanted) + 1) if p not in wanted)
     ports = [p or next(picked) for p in wanted]
     log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
     cmd = [str(runtime / "bin" / "tritonserver"), f"--model-repository={run_repo}",
