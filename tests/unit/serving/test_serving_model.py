@@ -8,7 +8,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmpipe.serving.triton_model import BadRequest, Generator, Limits, TextDeltas, decode_batch
+from llmpipe.serving.triton_model import (
+    CPU_ATTENTION,
+    BadRequest,
+    Generator,
+    GenRequest,
+    Limits,
+    TextDeltas,
+    _masks,
+    decode_batch,
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +78,46 @@ def test_bad_requests_are_refused_with_a_reason(gen: Generator, args: tuple, mes
 
 def test_defaults(gen: Generator) -> None:
     assert gen.parse(b"hi", None, None, None).max_tokens == 6
+
+
+def test_a_batch_is_parsed_request_by_request(gen: Generator) -> None:
+    """One tokenizer call for the batch's prompts, yet each request gets its own answer or reason."""
+    raw = [(b"the quick", None, 4, 0.0), (b"\xff", None, 4, 0.0), (None, [5, 6], 3, 0.5),
+           ("x" * 40).encode(), (b"once upon", None, 99, 0.0), (b"numbers 12345", None, None, None)]
+    raw[3] = (raw[3], None, 4, 0.0)  # a prompt of more tokens than the limit (32), in the middle
+    got = gen.parse_batch(raw)
+    assert [type(g).__name__ for g in got] == ["GenRequest", "BadRequest", "GenRequest", "BadRequest",
+                                               "BadRequest", "GenRequest"]
+    assert "not valid UTF-8" in str(got[1]) and "over the limit of 32" in str(got[3]) and "got 99" in str(got[4])
+    for r, g in zip(raw, got, strict=True):  # the same as parsing each alone
+        if isinstance(g, GenRequest):
+            assert g == gen.parse(*r)
+    assert got[0].input_ids == gen.tokenizer("the quick")["input_ids"] and got[2] == GenRequest([5, 6], 3, 0.5)
+
+
+def test_cpu_attention_gives_stock_sdpa_numbers(gen: Generator, tiny_checkpoint: Path) -> None:
+    """The served model's attention (GQA heads kept with a mask) against transformers' own SDPA, on a
+    left-padded prefill with a 4D mask, a decode step, and an unpadded prompt with no mask."""
+    assert gen.attention == CPU_ATTENTION and gen.model.config.num_key_value_heads < gen.model.config.num_attention_heads
+    stock = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, attn_implementation="sdpa").eval()
+    rows = [gen.tokenizer(p)["input_ids"] for p in PROMPTS]
+    ids, keep = _left_padded(rows, gen.pad_id)
+    pos = (keep.long().cumsum(-1) - 1).masked_fill(~keep, 1)
+    prompt_mask, step_mask = _masks(keep, 1, torch.float32)
+    with torch.inference_mode():
+        for model_ids, mask, positions in ((ids, prompt_mask, pos), (ids[1:2, -len(rows[1]):], None, None)):
+            ours = gen.model(input_ids=model_ids, attention_mask=mask, position_ids=positions).logits
+            theirs = stock(input_ids=model_ids, attention_mask=mask, position_ids=positions).logits
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+        from transformers import DynamicCache
+
+        caches = [DynamicCache(), DynamicCache()]
+        for model, cache in zip((gen.model, stock), caches, strict=True):
+            model(input_ids=ids, attention_mask=prompt_mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        nxt = torch.full((len(rows), 1), 7)
+        steps = [m(input_ids=nxt, attention_mask=step_mask, position_ids=pos[:, -1:] + 1, past_key_values=c,
+                   use_cache=True).logits for m, c in zip((gen.model, stock), caches, strict=True)]
+        torch.testing.assert_close(steps[0], steps[1], rtol=1e-5, atol=1e-5)
 
 
 def _left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
