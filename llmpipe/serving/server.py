@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -149,7 +150,11 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
 
     The server runs on a copy of the repository (:func:`repository.serving_copy`, removed on exit):
     what it writes never lands in ``repo_dir``. Port 0 picks a free port. Waits for
-    ``/v2/health/ready``; on exit sends SIGTERM and, after ``stop_timeout_s``, SIGKILL. Raises ServerError (with the log tail) if it dies or never gets ready.
+    ``/v2/health/ready`` and a metrics port that answers; on exit sends SIGTERM and, after
+    ``stop_timeout_s``, SIGKILL. Raises ServerError (with the log tail) if it dies or never gets
+    ready, and PortBusy, naming the port, when one of the given ports is taken; a port it picked
+    itself and found taken (another process bound it in between) is picked again, up to
+    ``PORT_ATTEMPTS`` starts.
     """
     repo = Path(repo_dir).resolve()
     if (repo / REPO_DIR).is_dir():  # a deploy artifact: its repository is one level down
@@ -160,11 +165,50 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
     runtime = prepare_runtime()
     run_repo = serving_copy(repo)  # the server writes (bytecode) into a copy, never into the artifact
     wanted = (http_port, grpc_port, metrics_port)
-    # distinct, and none of the given ones: k given ports strike at most k of the picks, which
-    # leaves one more than the 3 - k ports to fill
-    picked = iter(p for p in free_ports(len(wanted) + 1) if p not in wanted)
-    ports = [p or next(picked) for p in wanted]
+    cache = any("response_cache" in c.read_text() for c in configs)
+    regions = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}_"  # this server's backend shared memory
+    _remove_stale_regions()
     log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+    server = None
+    try:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                server = _start(runtime, run_repo, repo, _fill_ports(wanted), cache_bytes if cache else 0,
+                                regions, log_path, startup_timeout_s, stop_timeout_s)
+                break
+            except PortBusy as e:  # a port we picked was taken between our pick and Triton's bind: pick again
+                if e.port in wanted or attempt == PORT_ATTEMPTS:
+                    raise
+        assert server is not None
+        yield server
+    finally:
+        if server is not None:
+            stop(server, stop_timeout_s)
+        shutil.rmtree(run_repo, ignore_errors=True)
+        _remove_regions(regions)  # a server stopped while it loaded its models leaves them
+
+
+PORT_ATTEMPTS = 3  # starts with freshly picked ports when Triton finds one of ours taken
+
+
+class PortBusy(ServerError):
+    """A port Triton was given is in use by another process (``port``: which, 0 when the log does not say)."""
+
+    def __init__(self, message: str, port: int = 0) -> None:
+        super().__init__(message)
+        self.port = port
+
+
+def _fill_ports(wanted: tuple[int, int, int]) -> list[int]:
+    """The given ports, 0s replaced by distinct free ones that are none of the given ones: k given
+    ports strike at most k of the picks, which leaves one more than the 3 - k ports to fill."""
+    picked = iter(p for p in free_ports(len(wanted) + 1) if p not in wanted)
+    return [p or next(picked) for p in wanted]
+
+
+def _start(runtime: Path, run_repo: Path, repo: Path, ports: list[int], cache_bytes: int, regions: str,
+           log_path: Path, startup_timeout_s: float, stop_timeout_s: float) -> TritonServer:
+    """One tritonserver on ``ports`` (HTTP, gRPC, metrics), ready and answering on all three."""
     cmd = [str(runtime / "bin" / "tritonserver"), f"--model-repository={run_repo}",
            f"--backend-directory={runtime / 'backends'}", f"--cache-directory={runtime / 'caches'}",
            "--http-address=127.0.0.1", f"--http-port={ports[0]}",
@@ -172,22 +216,19 @@ def serve(repo_dir: str | Path, http_port: int = 0, grpc_port: int = 0, *, metri
            "--metrics-address=127.0.0.1", f"--metrics-port={ports[2]}",
            "--exit-timeout-secs=5", "--log-verbose=0", "--strict-readiness=true",
            # request/queue latency quantiles on the metrics port (the p99 alert of deployments/monitoring)
-           "--metrics-config=summary_latencies=true"]
-    if any("response_cache" in c.read_text() for c in configs):
+           "--metrics-config=summary_latencies=true",
+           f"--backend-config=python,shm-region-prefix-name={regions}"]
+    if cache_bytes:
         cmd.append(f"--cache-config=local,size={cache_bytes}")
-    _remove_stale_regions()
-    regions = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}_"  # this server's backend shared memory
-    cmd.append(f"--backend-config=python,shm-region-prefix-name={regions}")
     with open(log_path, "wb") as log:  # spawn: own session; ends with this process however it ends
         proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env())
     server = TritonServer(ports[0], ports[1], ports[2], proc, Path(log_path), repo)
     try:
         _wait_ready(server, startup_timeout_s)
-        yield server
-    finally:
+    except BaseException:
         stop(server, stop_timeout_s)
-        shutil.rmtree(run_repo, ignore_errors=True)
-        _remove_regions(regions)  # a server stopped while it loaded its models leaves them
+        raise
+    return server
 
 
 SHM_DIR = Path("/dev/shm")
@@ -212,16 +253,42 @@ def _remove_stale_regions() -> None:
 
 
 def _wait_ready(server: TritonServer, timeout_s: float) -> None:
+    """Until the server is ready and its metrics port answers; PortBusy when Triton could not bind one
+    of its ports. Triton exits when its HTTP or gRPC port is taken, but it starts without its metrics
+    service when only that port is, and reports ready: a server whose metrics nobody could scrape."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
+        exited = server.process.poll() is not None
+        busy = _busy_port(server.log_tail(200))
+        if busy is not None:
+            service, port = busy
+            raise PortBusy(f"tritonserver could not start: its {service} port 127.0.0.1:{port} is in use by "
+                           f"another process; log {server.log_path}:\n{server.log_tail()}", port)
+        if exited:
             raise ServerError(f"tritonserver exited with code {server.process.returncode} before it was "
                               f"ready; log {server.log_path}:\n{server.log_tail()}")
-        if _ready(server.http_port):
+        if _ready(server.http_port) and _answers(server.metrics_url):
             return
         time.sleep(0.25)
-    raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s; log {server.log_path}:\n"
-                      f"{server.log_tail()}")
+    raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s (HTTP {server.http_url}, metrics "
+                      f"{server.metrics_url}); log {server.log_path}:\n{server.log_tail()}")
+
+
+_BUSY = re.compile(r"failed to start (\w+) service: .*?:(\d+)'? already in use", re.IGNORECASE)
+
+
+def _busy_port(log: str) -> tuple[str, int] | None:
+    """(service, port) of a port the log says Triton found in use, e.g. ("metrics", 8002)."""
+    m = _BUSY.search(log)
+    return None if m is None else (m.group(1).lower().replace("grpc", "gRPC").replace("http", "HTTP"), int(m.group(2)))
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def stop(server: TritonServer, timeout_s: float = 20.0) -> int:

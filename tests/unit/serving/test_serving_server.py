@@ -126,3 +126,31 @@ def test_startup_failure_reports_the_log(tmp_path: Path, tiny_checkpoint: Path) 
         with srv.serve(repo, startup_timeout_s=120):
             pass
     logging.getLogger(__name__).info("startup failure surfaced as expected")
+
+
+@pytest.mark.parametrize("service", ["metrics", "HTTP"])
+def test_a_taken_port_stops_the_start_and_names_it(tmp_path: Path, tiny_checkpoint: Path, service: str) -> None:
+    """Triton exits when its HTTP port is taken, but starts without metrics when only the metrics port
+    is, and reports ready: ``serve`` must refuse both, naming the port, not hand back a server whose
+    metrics nobody can scrape."""
+    repo = tmp_path / "repo"
+    write_model_repository(tiny_checkpoint, repo, DeployConfig(model_name=MODEL, streaming=False), 1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        given = {"metrics_port": port} if service == "metrics" else {"http_port": port}
+        with pytest.raises(srv.PortBusy, match=f"its {service} port 127.0.0.1:{port} is in use") as e:
+            with srv.serve(repo, startup_timeout_s=120, **given):
+                pass
+    assert e.value.port == port
+
+
+def test_busy_port_lines_of_the_triton_log() -> None:
+    """The log lines ``serve`` reads a taken port from (Triton 2.51's wording, one per service)."""
+    lines = {"HTTP": ("HTTP", 8000), "GRPC": ("gRPC", 8001), "Metrics": ("metrics", 8002)}
+    for service, expected in lines.items():
+        log = (f"I1203 08:03:36.9 13615 server.cc:674] some line\nE1203 08:03:36.911623 13615 main.cc:257] "
+               f"\"failed to start {service} service: Unavailable - Socket '127.0.0.1:{expected[1]}' already in use \"\n")
+        assert srv._busy_port(log) == expected
+    assert srv._busy_port("I1203 server.cc] Started GRPCInferenceService at 127.0.0.1:8001\n") is None
