@@ -26,6 +26,7 @@ look the way they do:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -740,6 +741,10 @@ class TritonPythonModel:
             batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
             self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment)
+        # what is loaded now (torch, transformers, the model) lives as long as the model: out of the
+        # collector's sight, a full collection while serving scans only what came after (0.5 ms seen)
+        # instead of all of it (160-200 ms each, measured during the model's loading)
+        gc.freeze()
 
     def _parse_all(self, requests: list[Any]) -> list[GenRequest | str]:
         """A GenRequest per valid request, the error message for each refused one (counted)."""
