@@ -406,8 +406,8 @@ class Generator:
 
     def _check(self, prompt: bytes | None, input_ids: list[int] | None, max_tokens: int | None,
                temperature: float | None) -> tuple[str | list[int], int, float] | BadRequest:
-        """Everything but the prompt's length in tokens: (the prompt's text or ids, max_tokens,
-        temperature), or what is wrong."""
+        """Everything but a text prompt's length in tokens, known once the batch is tokenized: (the
+        prompt's text or ids, max_tokens, temperature), or what is wrong."""
         try:
             if (prompt is None) == (input_ids is None):
                 raise BadRequest("send exactly one of 'prompt' (UTF-8 bytes as UINT8) or 'input_ids' (INT64)")
