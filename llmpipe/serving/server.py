@@ -134,9 +134,10 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def _ready(http_port: int) -> bool:
+def _answers(url: str) -> bool:
+    """Whether ``url`` answers 200 (readiness, metrics)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
@@ -267,7 +268,7 @@ def _wait_ready(server: TritonServer, timeout_s: float) -> None:
         if exited:
             raise ServerError(f"tritonserver exited with code {server.process.returncode} before it was "
                               f"ready; log {server.log_path}:\n{server.log_tail()}")
-        if _ready(server.http_port) and _answers(server.metrics_url):
+        if _answers(f"http://{server.http_url}/v2/health/ready") and _answers(server.metrics_url):
             return
         time.sleep(0.25)
     raise ServerError(f"tritonserver not ready after {timeout_s:.0f}s (HTTP {server.http_url}, metrics "
@@ -281,14 +282,6 @@ def _busy_port(log: str) -> tuple[str, int] | None:
     """(service, port) of a port the log says Triton found in use, e.g. ("metrics", 8002)."""
     m = _BUSY.search(log)
     return None if m is None else (m.group(1).lower().replace("grpc", "gRPC").replace("http", "HTTP"), int(m.group(2)))
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def stop(server: TritonServer, timeout_s: float = 20.0) -> int:
