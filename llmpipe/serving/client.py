@@ -148,12 +148,25 @@ class TextClient:
             body["input_ids"] = list(input_ids)
         return self._stream_http(body)
 
-    def _stream_grpc(self, inputs: list[Any]) -> Iterator[Chunk]:
-        if self._responses is None:  # one bidirectional stream per client, opened on first use
+    def connect(self) -> None:
+        """Open the connection now (one liveness round trip) rather than at the first request: a load
+        test's clients connect before its clock starts."""
+        if not self.client.is_server_live():
+            raise _server_error(f"{self.url}: the server is not live")
+
+    def open_stream(self) -> None:
+        """Open this client's gRPC bidirectional stream now; :meth:`stream` opens it on first use."""
+        if self.protocol != "grpc":
+            raise ValueError("open_stream is for gRPC: over HTTP each stream is a request of its own")
+        if self._responses is None:  # one bidirectional stream per client
             responses: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
             self.client.start_stream(
                 callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
             self._responses = responses
+
+    def _stream_grpc(self, inputs: list[Any]) -> Iterator[Chunk]:
+        self.open_stream()
+        assert self._responses is not None
         self._request_seq += 1
         self.client.async_stream_infer(self.model, inputs, outputs=self._outputs, request_id=str(self._request_seq),
                                        enable_empty_final_response=True)

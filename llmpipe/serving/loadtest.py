@@ -11,6 +11,7 @@ deploy stage keeps them in its manifest's stats; ``out_path`` writes them to a f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -94,15 +95,49 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
 
-def run_clients(worker: Callable[[], None], clients: int) -> float:
-    """``clients`` threads running ``worker`` at once; the wall-clock seconds until the last one ends."""
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
-    t0 = time.perf_counter()
+def run_clients(worker: Callable[[Callable[[], None]], None], clients: int, setup_timeout_s: float = 60.0) -> float:
+    """``clients`` threads running ``worker(ready)`` at once; the wall-clock seconds from the moment
+    every worker called ``ready()`` (its connection made, its requests built) until the last one ends.
+
+    Opening 8 connections took longer than a batch of 8 answers on the tiny model: counted, it would
+    read as serving time, and more so for the faster of two models compared. A worker that fails
+    before ``ready()`` releases the others (the clock then starts at once).
+    """
+    gate = threading.Barrier(clients + 1)
+
+    def run() -> None:
+        try:
+            worker(lambda: _pass(gate, setup_timeout_s))
+        finally:
+            gate.abort()  # after ready() a no-op for the others; before it, nobody waits for this one
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
     for t in threads:
         t.start()
+    _pass(gate, setup_timeout_s)
+    t0 = time.perf_counter()
     for t in threads:
         t.join()
     return time.perf_counter() - t0
+
+
+def _pass(gate: threading.Barrier, timeout_s: float) -> None:
+    with contextlib.suppress(threading.BrokenBarrierError):
+        gate.wait(timeout_s)
+
+
+def _connected(c: TextClient, errors: list[str], lock: threading.Lock, stream: bool = False) -> bool:
+    """Open a worker's connection (and its gRPC stream) before the clock starts; a failure is the
+    worker's one error."""
+    try:
+        c.connect()
+        if stream:
+            c.open_stream()
+    except Exception as e:  # noqa: BLE001 - counted and reported like a failed request
+        with lock:
+            errors.append(f"connecting: {str(e)[:200]}")
+        return False
+    return True
 
 
 class Tickets:
@@ -130,10 +165,13 @@ def load_test(url: str, model: str, *, protocol: Protocol = "grpc", clients: int
     lock = threading.Lock()
     tickets = Tickets(requests, time.monotonic() + max_seconds)
 
-    def worker() -> None:
+    def worker(ready: Callable[[], None]) -> None:
         with TextClient(url, model, protocol) as c:
             prepared = [c.prepare(prompt=p, max_tokens=max_tokens) for p in prompts]  # the client's share of
-            while (i := tickets.take()) is not None:  # the 2 cores goes to sending, not to building tensors
+            if not _connected(c, errors, lock):  # the 2 cores go to sending, not to building tensors
+                return  # or connecting
+            ready()
+            while (i := tickets.take()) is not None:
                 t0 = time.perf_counter()
                 try:
                     c.generate(prepared=prepared[i % len(prompts)])
@@ -233,9 +271,13 @@ def _stream_level(url: str, model: str, protocol: Protocol, concurrency: int, re
 
     tickets = Tickets(requests, deadline)
 
-    def worker() -> None:
+    def worker(ready: Callable[[], None]) -> None:
         with TextClient(url, model, protocol) as c:
             prepared = [c.prepare(prompt=p, max_tokens=max_tokens) if protocol == "grpc" else None for p in prompts]
+            # a first request's TTFT is the server's, not the stream's opening
+            if not _connected(c, errors, lock, stream=protocol == "grpc"):
+                return
+            ready()
             while (i := tickets.take()) is not None:
                 if on_event is not None:
                     on_event(i, "sent", 0)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 import pytest
 
-from llmpipe.serving.loadtest import StreamRecord, levels_markdown, stream_figures
+from llmpipe.serving.loadtest import StreamRecord, levels_markdown, run_clients, stream_figures
 
 
 def test_figures_follow_the_genai_perf_definitions() -> None:
@@ -32,3 +34,20 @@ def test_a_level_without_answers_has_no_figures_and_the_chart_says_so() -> None:
                             "levels": [{"concurrency": 1, **row}, ok]})
     lines = [line for line in text.splitlines() if line.startswith("| 1 ") or line.startswith("| 4 ")]
     assert lines[0].endswith("| `` |") and lines[1].count("█") == 40
+
+
+def test_the_clock_starts_when_every_client_is_ready() -> None:
+    """Connecting is not serving time: workers that take 0.3 s to get ready and then 0.05 s to work
+    are clocked at their work; a worker that fails before it is ready holds nobody up."""
+    def worker(ready: Callable[[], None]) -> None:
+        time.sleep(0.3)
+        ready()
+        time.sleep(0.05)
+
+    assert 0.04 < run_clients(worker, 4) < 0.25
+
+    def gives_up(ready: Callable[[], None]) -> None:  # a worker whose connection failed: never ready
+        return
+
+    started = time.perf_counter()
+    assert run_clients(gives_up, 3, setup_timeout_s=30) < 1 and time.perf_counter() - started < 5
