@@ -264,7 +264,7 @@ def _wait_ready(server: TritonServer, timeout_s: float) -> None:
         if busy is not None:
             service, port = busy
             raise PortBusy(f"tritonserver could not start: its {service} port 127.0.0.1:{port} is in use by "
-                           f"another process; log {server.log_path}:\n{server.log_tail()}", port)
+                           f"another process (log {server.log_path})", port)
         if exited:
             raise ServerError(f"tritonserver exited with code {server.process.returncode} before it was "
                               f"ready; log {server.log_path}:\n{server.log_tail()}")
