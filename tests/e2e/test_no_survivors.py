@@ -324,6 +324,34 @@ def test_serve_monitor_killed_leaves_no_triton_prometheus_alertmanager(model_rep
     _check(cmd, all_up, "tritonserver, prometheus and alertmanager", signal.SIGKILL)
 
 
+def test_serve_on_a_taken_port_says_which_and_leaves_no_triton(model_repo: Path, env: dict[str, str]) -> None:
+    """Triton starts without its metrics service when only that port is taken: ``llmpipe serve``
+    must refuse in one line naming the port, and stop the server it started."""
+    import socket
+
+    from llmpipe.processes import free_ports
+
+    def tritons() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver" and _running(p)}
+
+    before = tritons()
+    ports = [str(p) for p in free_ports(2)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics = taken.getsockname()[1]
+        done = subprocess.run([*CLI, "serve", str(model_repo), "--http-port", ports[0], "--grpc-port", ports[1],
+                               "--metrics-port", str(metrics)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("llmpipe:")]
+    assert len(said) == 1 and f"its metrics port 127.0.0.1:{metrics} is in use by another process" in said[0], \
+        done.stderr[-2000:]
+    deadline = time.monotonic() + SURVIVOR_S
+    while tritons() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not tritons() - before, "a tritonserver outlived the refused start"
+
+
 # -- llmpipe worker ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGINT, signal.SIGINT, signal.SIGTERM),
                                      (signal.SIGKILL,)], ids=lambda s: "+".join(x.name for x in s))
