@@ -755,8 +755,10 @@ class TritonPythonModel:
             except BadRequest as e:
                 raw.append(e)
         checked = iter(self.gen.parse_batch([r for r in raw if not isinstance(r, BadRequest)]))
-        parsed = [str(r) if isinstance(r, BadRequest) else
-                  (str(p) if isinstance(p := next(checked), BadRequest) else p) for r in raw]
+        parsed: list[GenRequest | str] = []
+        for r in raw:
+            p = r if isinstance(r, BadRequest) else next(checked)
+            parsed.append(str(p) if isinstance(p, BadRequest) else p)
         if refused := sum(isinstance(p, str) for p in parsed):
             self.refused.increment(refused)  # once per batch: an increment is a round trip to the server
         return parsed

@@ -82,9 +82,9 @@ def test_defaults(gen: Generator) -> None:
 
 def test_a_batch_is_parsed_request_by_request(gen: Generator) -> None:
     """One tokenizer call for the batch's prompts, yet each request gets its own answer or reason."""
+    too_long = (b"x" * 40, None, 4, 0.0)  # more tokens than the limit (32), in the middle of the batch
     raw = [(b"the quick", None, 4, 0.0), (b"\xff", None, 4, 0.0), (None, [5, 6], 3, 0.5),
-           ("x" * 40).encode(), (b"once upon", None, 99, 0.0), (b"numbers 12345", None, None, None)]
-    raw[3] = (raw[3], None, 4, 0.0)  # a prompt of more tokens than the limit (32), in the middle
+           too_long, (b"once upon", None, 99, 0.0), (b"numbers 12345", None, None, None)]
     got = gen.parse_batch(raw)
     assert [type(g).__name__ for g in got] == ["GenRequest", "BadRequest", "GenRequest", "BadRequest",
                                                "BadRequest", "GenRequest"]
