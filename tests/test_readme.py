@@ -1,6 +1,7 @@
 """README and the docs site against the code: the generated config reference is current, the README stays a
 ten-minute read, and its two commands are what CI runs."""
 
+import re
 import subprocess
 import sys
 
@@ -38,3 +39,16 @@ def test_ci_runs_the_readmes_two_commands_in_order() -> None:
     assert run_deps == ["install"]
     install = make.split("\ninstall:", 1)[1].split("\n\n", 1)[0]
     assert "[test]" not in install and "--test" not in install
+
+
+def test_the_install_extras_the_docs_name_are_the_makefiles() -> None:
+    """`make run` installs `.[all]`, `make test` `.[all,coherence,test]`: the README and getting started
+    say what the Makefile does (the extras were once stale)."""
+    make = (ROOT / "Makefile").read_text()
+    extras = {target: re.search(r"pip install .*-e '(\.\[[\w,]+\])'", make.split(f"\n{target}:", 1)[1].split("\n\n")[0])
+              .group(1) for target in ("install", "install-test")}
+    for page in ("README.md", "docs/getting-started.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        named = set(re.findall(r"\.\[all[\w,]*\]", text))  # the installs (one extra alone is an example)
+        assert set(extras.values()) <= named, f"{page} does not name the Makefile's installs {sorted(extras.values())}"
+        assert named <= set(extras.values()), f"{page} names installs the Makefile does not do: {sorted(named)}"
