@@ -486,6 +486,17 @@ def test_benchmark_table_lists_every_script_and_each_prints_its_result_line() ->
             assert "ArgumentParser(" in src, f"benchmarks/{name} has no --help (the docs: run any with --help)"
 
 
+_SPEED_FIGURE = re.compile(r"\d(?:\.\d+)?×|\d[\d,.]* ?(?:docs|tokens|requests|signatures)/s\b|\d ?µs\b")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p != "docs/benchmarks.md"])
+def test_speed_figures_are_quoted_only_beside_their_script(page: str) -> None:
+    """A measured speed-up or throughput ("11.6×", "343 docs/s", "14 µs") appears only in docs/benchmarks.md,
+    in the row of the script that produces it: a figure quoted elsewhere has no script to re-measure it."""
+    found = _SPEED_FIGURE.findall(_text(page))
+    assert not found, f"{page} quotes figures outside docs/benchmarks.md: {found} (move them to its table)"
+
+
 def test_every_benchmark_answers_help() -> None:
     """README: "Run any of them with ``--help``". Also catches a benchmark a rename broke (its imports)."""
     failed = []
@@ -622,13 +633,14 @@ def test_every_stage_has_a_section_on_its_family_page() -> None:
             assert f"## `{stage}`" in page.read_text(encoding="utf-8")
 
 
-def test_flow_table_matches_the_stages_each_flow_runs() -> None:
+@pytest.mark.parametrize("page", ["README.md", "docs/concepts.md"])
+def test_flow_table_matches_the_stages_each_flow_runs(page: str) -> None:
     from flows.cli import FLOW_NAMES
     from flows.prefect_ops import DEPLOY_DEFAULTS
     from llmpipe.pipeline import load_stages
 
     stages = load_stages()
-    rows = {_ticked(cells[0])[0]: cells for cells in _table(_text("README.md"), "flow")}
+    rows = {_ticked(cells[0])[0]: cells for cells in _table(_text(page), "flow")}
     assert set(rows) == set(FLOW_NAMES)
     for flow, cells in rows.items():
         if flow == "lifecycle":
@@ -636,7 +648,7 @@ def test_flow_table_matches_the_stages_each_flow_runs() -> None:
             continue
         mine = [s for s, spec in stages.items() if spec.flow == flow]
         first, last = re.match(r"(\w+) → (\w+)", cells[1]).groups()
-        assert (first, last) == (mine[0], mine[-1]), f"README flow {flow}: {cells[1]} vs {mine}"
+        assert (first, last) == (mine[0], mine[-1]), f"{page} flow {flow}: {cells[1]} vs {mine}"
     assert f"`{DEPLOY_DEFAULTS['LLMPIPE_NIGHTLY_CRON']}`" in rows["data_refresh"][2]
 
 
