@@ -772,3 +772,39 @@ def test_a_troubleshooting_row_naming_a_missing_guard_fails(tmp_path: Path) -> N
     page = root / "docs" / "troubleshooting.md"
     page.write_text(page.read_text().replace("`train.guards.spike_factor`", "`train.guards.spike_limit`", 1))
     assert any("spike_limit" in b for b in troubleshooting_problems(root))
+
+
+# -- where the model is, and how to talk to it -----------------------------------------------------------
+_LAYOUTS = {"pretrain": "llmpipe.training.layout:PRETRAIN", "evaluate": "llmpipe.evaluation.layout:EVALUATE",
+            "quantize": "llmpipe.quantization.layout:QUANTIZE", "deploy": "llmpipe.serving.layout:DEPLOY"}
+
+
+def _layout_names(stage: str) -> set[str]:
+    import dataclasses
+    import importlib
+
+    if stage not in _LAYOUTS:
+        return set()
+    module, name = _LAYOUTS[stage].split(":")
+    layout = getattr(importlib.import_module(module), name)
+    return {getattr(layout, f.name) for f in dataclasses.fields(layout)}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_where_the_model_is_and_how_to_reach_it(page: str) -> None:
+    """The artifact paths are the tiny config's store, a registered stage and a file its layout declares;
+    the served model's name and ports are the deploy defaults and `llmpipe serve`'s."""
+    from flows.cli import build_parser
+    from llmpipe.pipeline import load_stages
+    from llmpipe.serving.config import DeployConfig
+
+    text = _text(page)
+    store = load_config(ROOT / "configs" / "tiny.yaml").store
+    paths = re.findall(r"`(\.llmpipe/store/(\w+)/<key>/([\w.-]*))/?`", text)
+    assert paths and store == ".llmpipe/store", f"{page}: no artifact paths, or the tiny store moved ({store})"
+    for path, stage, first in paths:
+        assert stage in load_stages(), f"{page}: {path}: no stage {stage}"
+        assert not first or first in _layout_names(stage), f"{page}: {path}: {stage}'s layout has no {first}"
+    args = build_parser().parse_args(["serve"])
+    assert f"HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port}" in text, page
+    assert f'"{DeployConfig().model_name}")' in text, f"{page}: the client's model is not deploy.model_name's default"
