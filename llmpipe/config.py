@@ -213,7 +213,7 @@ def _format_errors(origin: str, err: ValidationError) -> str:
         elif new is not None:
             msg = f"moved to {new!r}"
         elif e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the config reference in README.md)"
+            msg = "unknown key (check the spelling; see docs/config-reference.md)"
         elif "input" in e and e["type"] not in ("missing",) and "got" not in msg:
             msg = f"{msg}, got {e['input']!r}"
         lines.append(f"{origin}: {loc}: {msg}")
