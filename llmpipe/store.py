@@ -165,11 +165,20 @@ class ArtifactStore:
                 inputs: dict[str, str], stats: dict[str, Any], started: float) -> Artifact:
         """Hash every file of ``tmp``, write the manifest last, and move the directory into place.
 
+        An artifact of the same key that is already there and verifies is kept and ``tmp`` discarded:
+        its files are never pulled from under a reader (another run of the same key may be reading
+        them). Only a stale copy that no longer verifies is replaced, and a reader would not trust it.
+
         A file hard-linked from an earlier artifact of this stage (a refresh's reused shards and
         index) keeps that artifact's sha256 when it is the very same file (same device and inode)
         and its (size, mtime, inode) still match the stamp taken when that sha256 was computed or
         verified: the trust ``verify_files`` already places in stamps. Everything else is hashed.
         """
+        remote_stale = not self.is_local and self.fs.exists(f"{self._remote(stage, key)}/{MANIFEST}")
+        existing = self.get(stage, key)
+        if existing is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return existing
         paths = [f for f in sorted(tmp.rglob("*")) if f.is_file() and f.name != MANIFEST]
         known = self._stamped_digests(stage)
 
@@ -191,20 +200,34 @@ class ArtifactStore:
         }
         _write_json_atomic(tmp / MANIFEST, manifest)
         final = self.path(stage, key)
-        if final.exists():  # a stale, unverifiable copy: replace it
-            shutil.rmtree(final)
-        _rename_into_place(tmp, final)
+        if final.exists():  # a stale, unverifiable copy: set it aside, then drop it once ours is in place
+            stale = self.local / stage / f".tmp-stale-{key[:16]}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, stale)
+            _rename_into_place(tmp, final)
+            shutil.rmtree(stale, ignore_errors=True)
+        elif not _rename_into_place(tmp, final):  # a concurrent run of the same key published first
+            manifest = json.loads((final / MANIFEST).read_text())
         if not self.is_local:
-            remote = self._remote(stage, key)
-            rtmp = f"{self.root.as_posix()}/{stage}/.tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
-            for rel in files:  # data first, manifest last: no manifest, no artifact
-                self.fs.put_file(str(final / rel), f"{rtmp}/{rel}")
-            self.fs.put_file(str(final / MANIFEST), f"{rtmp}/{MANIFEST}")
-            if self.fs.exists(remote):
-                self.fs.rm(remote, recursive=True)
-            self.fs.mv(rtmp, remote, recursive=True)
+            self._upload(stage, key, final, manifest, replace=remote_stale)
         self._write_stamp(stage, key, manifest)
         return Artifact(stage, key, final, manifest)
+
+    def _upload(self, stage: str, key: str, final: Path, manifest: dict[str, Any], replace: bool) -> None:
+        """Put a published artifact on the remote root: data first, manifest last, then one move.
+
+        A remote copy that appeared since this publish began (another machine, the same key) is kept;
+        only one that was there and failed verification at the start (``replace``) is replaced.
+        """
+        remote = self._remote(stage, key)
+        if not replace and self.fs.exists(f"{remote}/{MANIFEST}"):
+            return
+        rtmp = f"{self.root.as_posix()}/{stage}/.tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        for rel in manifest["files"]:  # data first, manifest last: no manifest, no artifact
+            self.fs.put_file(str(final / rel), f"{rtmp}/{rel}")
+        self.fs.put_file(str(final / MANIFEST), f"{rtmp}/{MANIFEST}")
+        if self.fs.exists(remote):
+            self.fs.rm(remote, recursive=True)
+        self.fs.mv(rtmp, remote, recursive=True)
 
     def _stamped_digests(self, stage: str) -> dict[tuple[int, int, int], tuple[str, Path]]:
         """(size, mtime, inode) -> (sha256, path) for the stamped files of this stage's local artifacts."""
@@ -367,15 +390,17 @@ def _fingerprint(f: Path) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _rename_into_place(tmp: Path, final: Path) -> None:
+def _rename_into_place(tmp: Path, final: Path) -> bool:
+    """Move ``tmp`` to ``final``; False (``tmp`` discarded) when a concurrent run put one there first."""
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(tmp, final)
     except OSError:
         if (final / MANIFEST).is_file():  # a concurrent run published the same key first
             shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            raise
+            return False
+        raise
+    return True
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
