@@ -33,6 +33,8 @@ log = logging.getLogger("llmpipe.store")
 
 MANIFEST = "manifest.json"
 RUNS = "_runs"
+SHARDS_DIR = "_shards"  # per-shard results reused across runs (``shard_cache_root``)
+SHARD_CACHE = "shard_cache"  # the manifest's list of the per-shard results an artifact was made from
 _VERSIONED_LIBS = ("llmpipe", "torch", "transformers", "tokenizers", "datasketch", "pyarrow", "numpy",
                    "deepspeed", "llmcompressor", "prefect")
 
@@ -110,7 +112,7 @@ class ArtifactStore:
 
     def shard_cache_root(self, stage: str) -> Path:
         """Per-shard results reused across runs (always local)."""
-        p = self.local / stage / "_shards"
+        p = self.local / stage / SHARDS_DIR
         p.mkdir(parents=True, exist_ok=True)
         return p
 
@@ -162,12 +164,15 @@ class ArtifactStore:
 
     # -- writing ----------------------------------------------------------------------------------
     def publish(self, stage: str, key: str, tmp: Path, *, version: str, config: Any,
-                inputs: dict[str, str], stats: dict[str, Any], started: float) -> Artifact:
+                inputs: dict[str, str], stats: dict[str, Any], started: float,
+                shards: list[str] | None = None) -> Artifact:
         """Hash every file of ``tmp``, write the manifest last, and move the directory into place.
 
         An artifact of the same key that is already there and verifies is kept and ``tmp`` discarded:
         its files are never pulled from under a reader (another run of the same key may be reading
         them). Only a stale copy that no longer verifies is replaced, and a reader would not trust it.
+        ``shards``: the keys of the per-shard results (``<stage>/_shards/<key>``) the artifact was made
+        from; the manifest lists them so that ``gc`` keeps exactly those.
 
         A file hard-linked from an earlier artifact of this stage (a refresh's reused shards and
         index) keeps that artifact's sha256 when it is the very same file (same device and inode)
@@ -194,7 +199,7 @@ class ArtifactStore:
                  for f, h in zip(paths, digests, strict=True)}
         manifest = {
             "stage": stage, "key": key, "version": version, "config": config, "inputs": inputs,
-            "files": files, "stats": stats,
+            "files": files, "stats": stats, SHARD_CACHE: sorted(set(shards or ())),
             "timings": {"started": _iso(started), "seconds": round(time.time() - started, 3)},
             "created": _iso(time.time()), "versions": library_versions(),
         }
@@ -320,6 +325,19 @@ class ArtifactStore:
         _write_json_atomic(p, run)
         return p
 
+    def reachable_shards(self, keep: set[tuple[str, str]]) -> dict[str, set[str] | None]:
+        """Per stage, the per-shard results the artifacts in ``keep`` were made from; None for a stage
+        with a kept artifact from before manifests listed them (then all of its shards are kept)."""
+        out: dict[str, set[str] | None] = {}
+        for st, k in sorted(keep):
+            mf = self.read_manifest(st, k) or {}
+            used = mf.get(SHARD_CACHE)
+            if used is None:
+                out[st] = None
+            elif out.get(st, set()) is not None:
+                out[st] = out.get(st, set()) | set(used)  # type: ignore[operator]
+        return out
+
     def reachable(self) -> set[tuple[str, str]]:
         keep: set[tuple[str, str]] = set()
         for f in sorted((self.local / RUNS).glob("*.json")) if (self.local / RUNS).is_dir() else []:
@@ -334,8 +352,10 @@ class ArtifactStore:
         return keep
 
     def gc(self, dry_run: bool = True) -> list[tuple[str, int]]:
-        """Artifacts no recorded run reaches, and temporary leftovers of killed runs: (path, bytes)."""
+        """Artifacts no recorded run reaches, per-shard results (``_shards/``) none of the reached
+        artifacts was made from, and temporary leftovers of killed runs in both: (path, bytes)."""
         keep = self.reachable()
+        shards = self.reachable_shards(keep)
         doomed: list[Path] = []
         for stage_dir in (p for p in self.local.iterdir() if p.is_dir() and not p.name.startswith("_")):
             for art in stage_dir.iterdir():
@@ -343,6 +363,10 @@ class ArtifactStore:
                     doomed.append(art)
                 elif not art.name.startswith((".", "_")) and (stage_dir.name, art.name) not in keep:
                     doomed.append(art)
+            used = shards.get(stage_dir.name, set())
+            if (stage_dir / SHARDS_DIR).is_dir():
+                doomed += [d for d in (stage_dir / SHARDS_DIR).iterdir()
+                           if d.name.startswith(".tmp-") or (used is not None and d.name not in used)]
         out = [(str(p), _du(p)) for p in sorted(doomed)]
         if not dry_run:
             for p in doomed:

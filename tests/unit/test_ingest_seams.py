@@ -96,3 +96,26 @@ def test_unknown_files_setting_is_validated() -> None:
 
     with pytest.raises(ConfigError, match="unknown_files"):
         load_config(None, [], data={"sources": [{"name": "s", "path": "d", "unknown_files": "skip"}]})
+
+
+def test_gc_collects_shard_results_no_recorded_run_reaches_and_tmp_leftovers(workdir: Path) -> None:
+    """``_shards/`` holds a second copy of the ingested corpus: gc keeps the per-shard results that a
+    reached artifact lists in its manifest and collects the rest, and a killed worker's ``.tmp-*``."""
+    from llmpipe.store import ArtifactStore
+
+    f = write_jsonl(workdir / "d" / "a.jsonl", [{"text": f"old text {i}"} for i in range(3)])
+    _run([{"name": "s", "path": "d"}])
+    old = _shard_cache(workdir)
+    for run in (workdir / ".llmpipe" / "store" / "_runs").iterdir():  # forget the first run
+        run.unlink()
+    write_jsonl(f, [{"text": f"new text {i}"} for i in range(3)])
+    _, art = _run([{"name": "s", "path": "d"}])
+    new = _shard_cache(workdir) - old
+    assert len(old) == len(new) == 1
+    shards = workdir / ".llmpipe" / "store" / "ingest" / "_shards"
+    (shards / ".tmp-killed-worker-0123abcd").mkdir()
+    store = ArtifactStore(workdir / ".llmpipe" / "store")
+    doomed = {Path(p).name for p, _ in store.gc(dry_run=True)}
+    assert doomed >= old | {".tmp-killed-worker-0123abcd"} and not doomed & new
+    store.gc(dry_run=False)
+    assert _shard_cache(workdir) == new and store.get("ingest", art.name) is not None

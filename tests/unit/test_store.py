@@ -140,3 +140,22 @@ def test_publish_replaces_a_copy_that_no_longer_verifies(tmp_path: Path) -> None
     second = _publish(store, "s", "f" * 64, {"data.txt": "good bytes"})
     assert (second.path / "data.txt").read_text() == "good bytes" and store.get("s", "f" * 64) is not None
     assert not list((tmp_path / "store" / "s").glob(".tmp-*"))
+
+
+def test_gc_keeps_every_shard_result_of_a_stage_with_an_artifact_from_before_the_list(tmp_path: Path) -> None:
+    """A reached artifact published before manifests listed their per-shard results may use any of its
+    stage's ``_shards/``: gc keeps them all (and still collects ``.tmp-*`` leftovers)."""
+    store = ArtifactStore(tmp_path / "store")
+    tmp = store.new_tmp_dir("s", "9" * 64)
+    (tmp / "x").write_text("x")
+    art = store.publish("s", "9" * 64, tmp, version="1", config={}, inputs={}, stats={}, started=0.0,
+                        shards=["used"])
+    root = store.shard_cache_root("s")
+    for name in ("used", "unused", ".tmp-used-killed"):
+        (root / name).mkdir()
+    store.record_run({"artifacts": {"s": art.key}})
+    assert {Path(p).name for p, _ in store.gc()} == {"unused", ".tmp-used-killed"}
+    mf = json.loads((art.path / "manifest.json").read_text())
+    del mf["shard_cache"]
+    (art.path / "manifest.json").write_text(json.dumps(mf))
+    assert {Path(p).name for p, _ in store.gc()} == {".tmp-used-killed"}
