@@ -24,7 +24,8 @@ class LangIdConfig(Section):
         100_000, ge=0, description="score at most this many leading characters (0 = all); bounds huge docs")
     detect_code: bool = True
     code_threshold: float = Field(0.5, description="share of code-like lines from which a doc is lang 'code'")
-    keep_code: bool = False
+    keep_code: bool = Field(True, description="keep documents tagged lang 'code' (false: reject them as "
+                            "'code' in filter mode)")
     batch_size: int = run_setting(1024, gt=0)
 
     @field_validator("default_threshold", "code_threshold")

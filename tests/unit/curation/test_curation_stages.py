@@ -26,7 +26,7 @@ def _config(tmp: Path) -> object:
         "name": "cur", "store": str(tmp / "store"), "state_dir": str(tmp / "state"),
         "sources": [{"name": "web", "path": str(tmp / "src"), "format": "jsonl"}],
         "executor": {"kind": "local", "workers": 1},
-        "langid": {"languages": ["en", "zh"]},
+        "langid": {"languages": ["en", "zh"], "keep_code": False},  # the "code" reason on the funnel
     })
 
 
