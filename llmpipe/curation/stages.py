@@ -120,8 +120,9 @@ def run_langid(ctx: StageContext) -> dict[str, Any]:
 
 
 # quality 3: CJK runs are segmented into words (Sudachi / jieba), so word and n-gram rules count words
-@stage("quality", version="3", inputs=("langid",), config_field="quality", flow="data_refresh",
-       requires=("regex", "sudachipy", "sudachidict_core", "rjieba", "matplotlib"), extra="curation")
+# quality 4: Thai, Lao, Khmer and Burmese runs segmented too (ICU), and treated as unspaced like CJK
+@stage("quality", version="4", inputs=("langid",), config_field="quality", flow="data_refresh",
+       requires=("regex", "sudachipy", "sudachidict_core", "rjieba", "icu", "matplotlib"), extra="curation")
 def run_quality(ctx: StageContext) -> dict[str, Any]:
     """Quality filters (Gopher quality/repetition, C4, FineWeb) with scores kept beside decisions."""
     return run_filter_stage(ctx, "quality", "langid")
