@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.funnel import check_funnel, funnel_rows, merge_funnels, write_funnel
-from llmpipe.document import Document, iter_documents, write_shard
+from llmpipe.document import Document, iter_documents, rejected_paths, write_shard
 
 # the funnel lives in llmpipe.curation.funnel (every curation stage writes one); re-exported here
 __all__ = ["Filter", "FilterChain", "FilterErrors", "ScoredFilter", "apply_filters", "check_error_share",
-           "check_funnel", "funnel_rows", "merge_funnels", "write_funnel"]
+           "check_funnel", "first_error", "funnel_rows", "merge_funnels", "write_funnel"]
 
 FilterResult = bool | tuple[bool, str]
 ERROR_PREFIX = "error:"  # the reason of a document a filter raised on: error:<ExceptionType>
@@ -49,6 +49,16 @@ def check_error_share(funnel: dict[str, Any], limit: float, key: str,
         raise FilterErrors(f"{n} of {total} documents ({n / total:.1%}) hit a filter error ({kinds}), more than "
                            f"{key} = {limit}" + (f"; the first: {first}" if (first := example()) else ""))
     return n
+
+
+def first_error(out: Path) -> str | None:
+    """The first filter error message among a stage's rejected documents (``<out>/rejected``): what
+    :func:`check_error_share` shows when it fails, so it is read only then."""
+    for p in rejected_paths(out):
+        for d in iter_documents(p):
+            if "error" in d.metadata:
+                return str(d.metadata["error"])
+    return None
 
 
 class Filter:

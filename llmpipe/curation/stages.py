@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.config import LangIdConfig, QualityConfig, SafetyConfig
-from llmpipe.curation.filters import Filter, apply_filters, check_error_share
+from llmpipe.curation.filters import Filter, apply_filters, check_error_share, first_error
 from llmpipe.curation.funnel import merge_funnels, report_funnel
-from llmpipe.document import REJECTED, SHARDS, input_shards, iter_documents, rejected_paths, write_shard
+from llmpipe.document import REJECTED, SHARDS, input_shards, write_shard
 from llmpipe.files import link_file
 from llmpipe.lazy import lazy_import
 from llmpipe.stage import StageContext, stage
@@ -84,15 +84,6 @@ def _pass_through(shard: Path, out_dir: Path, name: str) -> dict[str, Any]:
     return {"in": n, "kept": n, "rejected": {}, "filters": {}, "seconds": 0.0}
 
 
-def _first_error(out: Path) -> str | None:
-    """The first filter error message among a stage's rejected documents (read only when failing)."""
-    for p in rejected_paths(out):
-        for d in iter_documents(p):
-            if "error" in d.metadata:
-                return str(d.metadata["error"])
-    return None
-
-
 def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, Any]:
     """The body shared by the three stages."""
     cfg_cls, build = BUILDERS[kind]
@@ -108,7 +99,7 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
         for sub in (SHARDS, REJECTED):
             link_file(d / sub / s.name, ctx.out / sub / s.name)
     funnel = merge_funnels(s for _, s in results)
-    check_error_share(funnel, cfg.max_error_share, f"{kind}.max_error_share", lambda: _first_error(ctx.out))
+    check_error_share(funnel, cfg.max_error_share, f"{kind}.max_error_share", lambda: first_error(ctx.out))
     report_funnel(ctx, kind, funnel)
     for filter_name, counts in funnel.get("stats", {}).items():  # e.g. safety-pii: redactions per type
         ctx.report_table(f"{kind}-{filter_name}", f"{kind}: {filter_name} counts",
