@@ -60,7 +60,8 @@ def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path, 
         files = sorted(p for p in map(Path, _glob.glob(str(path), recursive=True)) if p.is_file())
         if not files:
             raise SourceError(f"sources.{src.name}.path: no files match {src.path!r}")
-        return _typed(src, glob_root(path), files)
+        root = glob_root(raw)  # of the pattern as written: the config's folder may hold '[' itself
+        return _typed(src, root if root.is_absolute() else base_dir / root, files)
     if not path.exists():
         raise SourceError(f"sources.{src.name}.path: {path} does not exist")
     fmt = detect_format(path, src.format)
