@@ -15,10 +15,10 @@ from llmpipe.store import sha256_file
 from tests.conftest import write_jsonl
 
 
-def _run(sources: list[dict], *overrides: str):
+def _run(sources: list[dict], *overrides: str, until: str = "ingest"):
     cfg = load_config(None, ["executor.workers=1", *overrides], data={"sources": sources})
-    (ingest,) = run_pipeline(cfg, until="ingest")
-    return ingest, Path(ingest.path)
+    runs = {r.stage: r for r in run_pipeline(cfg, until=until)}
+    return runs["ingest"], Path(runs["ingest"].path), runs
 
 
 def _ids(art: Path) -> dict[str, str]:
@@ -35,7 +35,7 @@ def test_adding_a_folder_beside_a_glob_keeps_every_id_shard_and_shard_key(workdi
     (which was ``crawl/2024-01`` with one folder and ``crawl`` with two: every id moved)."""
     write_jsonl(workdir / "crawl" / "2024-01" / "part.jsonl", [{"text": f"january page {i}"} for i in range(6)])
     src = [{"name": "crawl", "path": "crawl/**/*.jsonl"}]
-    r1, art1 = _run(src)
+    r1, art1, _ = _run(src, until="langid")
     ids1, keys1 = _ids(art1), _shard_cache(workdir)
     shards1 = {p.name: sha256_file(p) for p in shard_paths(art1)}
     assert len(ids1) == 6 and len(keys1) == 1
@@ -43,7 +43,7 @@ def test_adding_a_folder_beside_a_glob_keeps_every_id_shard_and_shard_key(workdi
         {"2024-01/part.jsonl"}
 
     write_jsonl(workdir / "crawl" / "2024-02" / "part.jsonl", [{"text": f"february page {i}"} for i in range(4)])
-    r2, art2 = _run(src)
+    r2, art2, runs2 = _run(src, until="langid")
     ids2, keys2 = _ids(art2), _shard_cache(workdir)
     assert r2.ran and art2 != art1
     assert {i: ids2[i] for i in ids1} == ids1  # every old id, in the same shard file
@@ -52,6 +52,7 @@ def test_adding_a_folder_beside_a_glob_keeps_every_id_shard_and_shard_key(workdi
     assert {n: shards2[n] for n in shards1} == shards1  # same names, same bytes: downstream keys hold
     assert keys1 < keys2 and len(keys2 - keys1) == 1  # the refresh computed the new file's shard only
     assert sorted(shards2) == list(shards2) and sorted(shards2)[-1] not in shards1  # new sorts last
+    assert (runs2["langid"].stats["shards"], runs2["langid"].stats["shards_cached"]) == (2, 1)  # downstream too
 
 
 def test_names_that_slug_alike_keep_both_files_and_counts_match_the_rows(workdir: Path) -> None:
@@ -60,7 +61,7 @@ def test_names_that_slug_alike_keep_both_files_and_counts_match_the_rows(workdir
     recs = [{"text": f"the same document {i}"} for i in range(5)]
     write_jsonl(workdir / "d" / "a b.jsonl", recs)
     write_jsonl(workdir / "d" / "a_b.jsonl", recs)
-    run, art = _run([{"name": "s", "path": "d"}])
+    run, art, _ = _run([{"name": "s", "path": "d"}])
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_paths(art))
     assert rows == 10 and len(shard_paths(art)) == 2
     assert (run.stats["read"], run.stats["ingested"], run.stats["quarantined"]) == (10, 10, 0)
@@ -84,7 +85,7 @@ def test_a_file_of_unknown_type_in_a_folder_is_named_or_quarantined(workdir: Pat
     (workdir / "d" / "b.jsonl.bz2").write_bytes(b"BZh91AY&SY not read")
     with pytest.raises(SourceError, match=r"sources\.s\.path: 1 file.* b\.jsonl\.bz2.*unknown_files: quarantine"):
         _run([{"name": "s", "path": "d"}])
-    run, art = _run([{"name": "s", "path": "d", "unknown_files": "quarantine"}])
+    run, art, _ = _run([{"name": "s", "path": "d", "unknown_files": "quarantine"}])
     assert (run.stats["read"], run.stats["ingested"], run.stats["quarantined"]) == (6, 5, 1)
     (line,) = [json.loads(x) for x in (art / "quarantine.jsonl").read_text().splitlines()]
     assert line["where"].endswith("b.jsonl.bz2") and line["reason"].startswith("unknown file type")
@@ -109,7 +110,7 @@ def test_gc_collects_shard_results_no_recorded_run_reaches_and_tmp_leftovers(wor
     for run in (workdir / ".llmpipe" / "store" / "_runs").iterdir():  # forget the first run
         run.unlink()
     write_jsonl(f, [{"text": f"new text {i}"} for i in range(3)])
-    _, art = _run([{"name": "s", "path": "d"}])
+    _, art, _ = _run([{"name": "s", "path": "d"}])
     new = _shard_cache(workdir) - old
     assert len(old) == len(new) == 1
     shards = workdir / ".llmpipe" / "store" / "ingest" / "_shards"
