@@ -73,7 +73,6 @@ _WORD_RE = regex.compile(
     rf"|\.\.+|[^\s{_UNSPACED_CLASS}]",
 )
 _CJK_RE = regex.compile(rf"[{_CJK_CLASS}]")
-_SEA_RE = regex.compile(rf"[{_SEA_CLASS}]")
 _UNSPACED_RE = regex.compile(rf"[{_UNSPACED_CLASS}]")
 _KANA_RE = regex.compile(r"[\p{Hiragana}\p{Katakana}]")
 # A sentence ends at terminal punctuation followed by space/end; CJK full-width terminals end one anywhere.
@@ -247,20 +246,21 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     regex; runs of CJK characters are segmented into words by the segmenter :func:`segmenter_lang`
     picks for ``text`` and ``lang``, runs of Thai, Lao, Khmer and Myanmar by ICU."""
     tokens = _WORD_RE.findall(text)
-    cjk = [t for t in tokens if _CJK_RE.match(t)]
-    sea = [t for t in tokens if _SEA_RE.match(t)]
-    if not cjk and not sea:
+    runs = [t for t in tokens if _UNSPACED_RE.match(t)]  # one test per token: spaced text pays no more
+    if not runs:
         return tuple(tokens)
+    cjk = [t for t in runs if _CJK_RE.match(t)]
+    sea = [t for t in runs if not _CJK_RE.match(t)]
     cjk_words = iter(segment_runs(cjk, segmenter_lang(text, lang)) if cjk else [])
     sea_words = iter(segment_sea(sea))
     words: list[str] = []
     for t in tokens:
-        if _CJK_RE.match(t):
-            words.extend(next(cjk_words))
-        elif _SEA_RE.match(t):
-            words.extend(next(sea_words))
-        else:
+        if not _UNSPACED_RE.match(t):
             words.append(t)
+        elif _CJK_RE.match(t):
+            words.extend(next(cjk_words))
+        else:
+            words.extend(next(sea_words))
     return tuple(words)
 
 
