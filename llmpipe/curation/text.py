@@ -63,15 +63,36 @@ def unspaced_ranges() -> tuple[tuple[int, int], ...]:
 def unspaced_re() -> re.Pattern[str]:
     """One character of an unspaced script, as a standard ``re`` pattern (dedup's shingles use ``re``)."""
     return re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in unspaced_ranges()) + "]")
-# A word: a run of letters/marks/digits (with inner apostrophes, dots in numbers), a run of CJK
-# characters (segmented afterwards), or a run of the same-kind punctuation/symbols ("..." or "!!").
-_WORD_RE = regex.compile(
-    r"https?://\S+?(?=[.,;:!?)\]\"']*(?:\s|$))|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # URLs, emails: one token
-    rf"|[{_CJK_CLASS}]+|[{_SEA_CLASS}]+"
-    rf"|(?<=\p{{L}})['’]\p{{L}}+"  # clitics: "it's" -> "it" "'s" (as spaCy splits them)
-    rf"|(?:[^\s{_UNSPACED_CLASS}\p{{P}}\p{{S}}]|(?<=[\p{{L}}\p{{N}}])[.,](?=[\p{{L}}\p{{N}}]))+"
-    rf"|\.\.+|[^\s{_UNSPACED_CLASS}]",
-)
+
+
+def _word_re(unspaced: str) -> regex.Pattern[str]:
+    """A word: a run of letters/marks/digits (with inner apostrophes, dots in numbers), a run of one
+    unspaced script (segmented afterwards), or a run of the same-kind punctuation/symbols ("..." or
+    "!!"); ``unspaced`` is the class of the characters that never join a spaced word."""
+    return regex.compile(
+        r"https?://\S+?(?=[.,;:!?)\]\"']*(?:\s|$))|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # URLs, emails: one token
+        rf"|[{_CJK_CLASS}]+|[{_SEA_CLASS}]+"
+        rf"|(?<=\p{{L}})['’]\p{{L}}+"  # clitics: "it's" -> "it" "'s" (as spaCy splits them)
+        rf"|(?:[^\s{unspaced}\p{{P}}\p{{S}}]|(?<=[\p{{L}}\p{{N}}])[.,](?=[\p{{L}}\p{{N}}]))+"
+        rf"|\.\.+|[^\s{unspaced}]",
+    )
+
+
+_WORD_RE = _word_re(_UNSPACED_CLASS)
+# The same words for a text without a Thai/Lao/Khmer/Myanmar character, ~20% faster (four fewer
+# script properties to test per character); ``_SEA_BLOCKS`` holds every character of those scripts.
+_WORD_RE_NO_SEA = _word_re(_CJK_CLASS)
+_SEA_BLOCKS = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff\ua9e0-\ua9ff\uaa60-\uaa7f"
+                         "\U000116d0-\U000116ff]")  # the scripts' Unicode blocks (a test checks them)
+
+
+def _tokens(text: str) -> list[str]:
+    """``_WORD_RE.findall(text)``, by the faster pattern where it finds the same tokens."""
+    if text.isascii() or not _SEA_BLOCKS.search(text):
+        return _WORD_RE_NO_SEA.findall(text)
+    return _WORD_RE.findall(text)
+
+
 _CJK_RE = regex.compile(rf"[{_CJK_CLASS}]")
 _UNSPACED_RE = regex.compile(rf"[{_UNSPACED_CLASS}]")
 _KANA_RE = regex.compile(r"[\p{Hiragana}\p{Katakana}]")
@@ -238,14 +259,14 @@ def split_words(text: str, lang: str | None = None) -> tuple[str, ...]:
 
 def cjk_runs(text: str) -> list[str]:
     """The runs of Han/kana characters in ``text``, in order: what :func:`words_of` segments."""
-    return [t for t in _WORD_RE.findall(text) if _CJK_RE.match(t)]
+    return [t for t in _tokens(text) if _CJK_RE.match(t)]
 
 
 def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     """Words of ``text`` (uncached: for many small pieces such as lines). Spaced scripts split on the
     regex; runs of CJK characters are segmented into words by the segmenter :func:`segmenter_lang`
     picks for ``text`` and ``lang``, runs of Thai, Lao, Khmer and Myanmar by ICU."""
-    tokens = _WORD_RE.findall(text)
+    tokens = _tokens(text)
     runs = [t for t in tokens if _UNSPACED_RE.match(t)]  # one test per token: spaced text pays no more
     if not runs:
         return tuple(tokens)

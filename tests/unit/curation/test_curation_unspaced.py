@@ -74,3 +74,16 @@ def test_stop_words_count_distinct_words_as_datatrove_does() -> None:
     only_the = doc("the cat the mat the dog the sun the sky the sea " * 3, lang="en")
     assert f.filter(only_the) == (False, "gopher_not_enough_stop_words")
     assert only_the.metadata["scores"]["gopher_quality"]["n_stop_words"] == 1
+
+
+def test_the_fast_word_pattern_is_taken_only_where_it_finds_the_same_words() -> None:
+    """Text without a Thai/Lao/Khmer/Myanmar character is split by a pattern that skips those scripts'
+    properties; the blocks that choose it must hold every character of the four scripts."""
+    import regex
+
+    from llmpipe.curation import text as T
+
+    sea = [c for c in map(chr, range(0x30000)) if regex.match(f"[{T._SEA_CLASS}]", c)]
+    assert len(sea) > 500 and all(T._SEA_BLOCKS.match(c) for c in sea)
+    for text in ("Plain ASCII, it's 3.5 words...", "Ünïcödé café 日本語の文 and Русский текст!"):
+        assert T._WORD_RE_NO_SEA.findall(text) == T._WORD_RE.findall(text)
