@@ -330,12 +330,9 @@ class ArtifactStore:
         with a kept artifact from before manifests listed them (then all of its shards are kept)."""
         out: dict[str, set[str] | None] = {}
         for st, k in sorted(keep):
-            mf = self.read_manifest(st, k) or {}
-            used = mf.get(SHARD_CACHE)
-            if used is None:
-                out[st] = None
-            elif out.get(st, set()) is not None:
-                out[st] = out.get(st, set()) | set(used)  # type: ignore[operator]
+            used = (self.read_manifest(st, k) or {}).get(SHARD_CACHE)
+            known = out.get(st, set())
+            out[st] = None if used is None or known is None else known | set(used)
         return out
 
     def reachable(self) -> set[tuple[str, str]]:
