@@ -239,7 +239,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     total = sum(b for _, b in doomed)
     for path, size in doomed:
         print(f"{'removed' if args.yes else 'would remove'}  {_human(size):>9}  {path}")
-    print(f"{len(doomed)} artifacts, {_human(total)}{'' if args.yes else ' (dry run: pass --yes to delete)'}")
+    print(f"{len(doomed)} artifacts and per-shard results, {_human(total)}{'' if args.yes else ' (dry run: pass --yes to delete)'}")
     return EXIT_OK
 
 
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("stages", help="the registered stages in DAG order").set_defaults(func=cmd_stages)
 
     for name, fn, hlp in (("lineage", cmd_lineage, "the chain from an artifact back to the raw sources"),
-                          ("gc", cmd_gc, "remove artifacts that no recorded run reaches")):
+                          ("gc", cmd_gc, "remove artifacts and per-shard results that no recorded run reaches")):
         g = sub.add_parser(name, help=hlp)
         if name == "lineage":
             g.add_argument("target", metavar="KEY_OR_PATH")

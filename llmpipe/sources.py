@@ -22,6 +22,7 @@ BUILTIN_PREFIX = "builtin:"
 _TEXT_EXT = (".txt", ".md", ".rst", ".text")
 _JSONL_EXT = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson")
 _PARQUET_EXT = (".parquet", ".pq")
+UNKNOWN = "unknown"  # the format of a file whose type its name does not tell (quarantined, by config)
 _lock = threading.Lock()
 
 
@@ -56,26 +57,49 @@ def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path, 
     raw = Path(os.path.expanduser(src.path))
     path = raw if raw.is_absolute() else base_dir / raw
     if any(c in src.path for c in "*?["):
-        matches = sorted(Path(p) for p in _glob.glob(str(path), recursive=True))
-        files = [p for p in matches if p.is_file()]
+        files = sorted(p for p in map(Path, _glob.glob(str(path), recursive=True)) if p.is_file())
         if not files:
             raise SourceError(f"sources.{src.name}.path: no files match {src.path!r}")
-        root = Path(os.path.commonpath([str(p.parent) for p in files]))
-        return [(p, detect_format(p, src.format), p.relative_to(root).as_posix()) for p in files]
+        root = glob_root(raw)  # of the pattern as written: the config's folder may hold '[' itself
+        return _typed(src, root if root.is_absolute() else base_dir / root, files)
     if not path.exists():
         raise SourceError(f"sources.{src.name}.path: {path} does not exist")
     fmt = detect_format(path, src.format)
     if path.is_file() or fmt == "hf_disk":
         return [(path, fmt, path.name)]
-    out = []
-    for p in sorted(path.glob(src.glob)):
-        if p.is_file() and not p.name.startswith("."):
-            try:
-                out.append((p, detect_format(p, src.format), p.relative_to(path).as_posix()))
-            except SourceError:
-                continue
-    if not out:
+    out = _typed(src, path, sorted(p for p in path.glob(src.glob) if p.is_file() and not p.name.startswith(".")))
+    if not any(fmt != UNKNOWN for _, fmt, _ in out):
         raise SourceError(f"sources.{src.name}.path: {path} holds no readable files")
+    return out
+
+
+def glob_root(pattern: Path) -> Path:
+    """The fixed prefix of a glob (``crawl/**/*.jsonl`` -> ``crawl``): the folder its files are named
+    under. Not the common parent of today's matches, which moves when a sibling folder appears and
+    would rename every file, id and shard downstream."""
+    parts = pattern.parts
+    fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+    return Path(*parts[:fixed]) if fixed else Path(".")
+
+
+def _typed(src: Any, root: Path, files: list[Path]) -> list[tuple[Path, str, str]]:
+    """(path, format, name under ``root``) of each file. A file whose type the name does not tell is an
+    error naming every such file, or (``unknown_files: quarantine``) kept with format ``UNKNOWN`` so
+    that ingest quarantines it with the reason: never skipped without a word."""
+    out, unknown = [], []
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        try:
+            out.append((p, detect_format(p, src.format), rel))
+        except SourceError:
+            unknown.append(rel)
+            out.append((p, UNKNOWN, rel))
+    if unknown and src.unknown_files == "error":
+        shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        raise SourceError(
+            f"sources.{src.name}.path: {len(unknown)} file(s) of a type ingest cannot tell from the name under "
+            f"{root}: {shown}; set sources[].format, narrow sources[].glob, or set "
+            f"sources[].unknown_files: quarantine to quarantine them and go on")
     return out
 
 

@@ -121,6 +121,9 @@ class StageContext:
     reports: list[Report] = field(default_factory=list)
     on_progress: Callable[[str, int, int], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # planner-provided facts (e.g. ingest's files)
+    # the per-shard results this run used (``cached_map``): the manifest lists them, so ``gc`` keeps
+    # the ones a reachable artifact was made from and collects the rest
+    shard_keys: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -188,6 +191,7 @@ class StageContext:
         killed run leaves nothing that a later run trusts. Returns ``(shard_dir, stats)`` per item.
         ``threads``: ``fn`` releases the GIL for its heavy work (see :meth:`ShardExecutor.map`).
         """
+        self.shard_keys.extend(k for k, _a in items)
         todo = [(k, a) for k, a in items if not (self.shard_dir(k) / DONE).exists()]
         self.log.info("%s: %d shards, %d cached, %d to compute", self.name, len(items),
                       len(items) - len(todo), len(todo))

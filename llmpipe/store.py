@@ -33,6 +33,8 @@ log = logging.getLogger("llmpipe.store")
 
 MANIFEST = "manifest.json"
 RUNS = "_runs"
+SHARDS_DIR = "_shards"  # per-shard results reused across runs (``shard_cache_root``)
+SHARD_CACHE = "shard_cache"  # the manifest's list of the per-shard results an artifact was made from
 _VERSIONED_LIBS = ("llmpipe", "torch", "transformers", "tokenizers", "datasketch", "pyarrow", "numpy",
                    "deepspeed", "llmcompressor", "prefect")
 
@@ -110,7 +112,7 @@ class ArtifactStore:
 
     def shard_cache_root(self, stage: str) -> Path:
         """Per-shard results reused across runs (always local)."""
-        p = self.local / stage / "_shards"
+        p = self.local / stage / SHARDS_DIR
         p.mkdir(parents=True, exist_ok=True)
         return p
 
@@ -162,14 +164,26 @@ class ArtifactStore:
 
     # -- writing ----------------------------------------------------------------------------------
     def publish(self, stage: str, key: str, tmp: Path, *, version: str, config: Any,
-                inputs: dict[str, str], stats: dict[str, Any], started: float) -> Artifact:
+                inputs: dict[str, str], stats: dict[str, Any], started: float,
+                shards: list[str] | None = None) -> Artifact:
         """Hash every file of ``tmp``, write the manifest last, and move the directory into place.
+
+        An artifact of the same key that is already there and verifies is kept and ``tmp`` discarded:
+        its files are never pulled from under a reader (another run of the same key may be reading
+        them). Only a stale copy that no longer verifies is replaced, and a reader would not trust it.
+        ``shards``: the keys of the per-shard results (``<stage>/_shards/<key>``) the artifact was made
+        from; the manifest lists them so that ``gc`` keeps exactly those.
 
         A file hard-linked from an earlier artifact of this stage (a refresh's reused shards and
         index) keeps that artifact's sha256 when it is the very same file (same device and inode)
         and its (size, mtime, inode) still match the stamp taken when that sha256 was computed or
         verified: the trust ``verify_files`` already places in stamps. Everything else is hashed.
         """
+        remote_stale = not self.is_local and self.fs.exists(f"{self._remote(stage, key)}/{MANIFEST}")
+        existing = self.get(stage, key)
+        if existing is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return existing
         paths = [f for f in sorted(tmp.rglob("*")) if f.is_file() and f.name != MANIFEST]
         known = self._stamped_digests(stage)
 
@@ -185,26 +199,40 @@ class ArtifactStore:
                  for f, h in zip(paths, digests, strict=True)}
         manifest = {
             "stage": stage, "key": key, "version": version, "config": config, "inputs": inputs,
-            "files": files, "stats": stats,
+            "files": files, "stats": stats, SHARD_CACHE: sorted(set(shards or ())),
             "timings": {"started": _iso(started), "seconds": round(time.time() - started, 3)},
             "created": _iso(time.time()), "versions": library_versions(),
         }
         _write_json_atomic(tmp / MANIFEST, manifest)
         final = self.path(stage, key)
-        if final.exists():  # a stale, unverifiable copy: replace it
-            shutil.rmtree(final)
-        _rename_into_place(tmp, final)
+        if final.exists():  # a stale, unverifiable copy: set it aside, then drop it once ours is in place
+            stale = self.local / stage / f".tmp-stale-{key[:16]}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, stale)
+            _rename_into_place(tmp, final)
+            shutil.rmtree(stale, ignore_errors=True)
+        elif not _rename_into_place(tmp, final):  # a concurrent run of the same key published first
+            manifest = json.loads((final / MANIFEST).read_text())
         if not self.is_local:
-            remote = self._remote(stage, key)
-            rtmp = f"{self.root.as_posix()}/{stage}/.tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
-            for rel in files:  # data first, manifest last: no manifest, no artifact
-                self.fs.put_file(str(final / rel), f"{rtmp}/{rel}")
-            self.fs.put_file(str(final / MANIFEST), f"{rtmp}/{MANIFEST}")
-            if self.fs.exists(remote):
-                self.fs.rm(remote, recursive=True)
-            self.fs.mv(rtmp, remote, recursive=True)
+            self._upload(stage, key, final, manifest, replace=remote_stale)
         self._write_stamp(stage, key, manifest)
         return Artifact(stage, key, final, manifest)
+
+    def _upload(self, stage: str, key: str, final: Path, manifest: dict[str, Any], replace: bool) -> None:
+        """Put a published artifact on the remote root: data first, manifest last, then one move.
+
+        A remote copy that appeared since this publish began (another machine, the same key) is kept;
+        only one that was there and failed verification at the start (``replace``) is replaced.
+        """
+        remote = self._remote(stage, key)
+        if not replace and self.fs.exists(f"{remote}/{MANIFEST}"):
+            return
+        rtmp = f"{self.root.as_posix()}/{stage}/.tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        for rel in manifest["files"]:  # data first, manifest last: no manifest, no artifact
+            self.fs.put_file(str(final / rel), f"{rtmp}/{rel}")
+        self.fs.put_file(str(final / MANIFEST), f"{rtmp}/{MANIFEST}")
+        if self.fs.exists(remote):
+            self.fs.rm(remote, recursive=True)
+        self.fs.mv(rtmp, remote, recursive=True)
 
     def _stamped_digests(self, stage: str) -> dict[tuple[int, int, int], tuple[str, Path]]:
         """(size, mtime, inode) -> (sha256, path) for the stamped files of this stage's local artifacts."""
@@ -297,6 +325,16 @@ class ArtifactStore:
         _write_json_atomic(p, run)
         return p
 
+    def reachable_shards(self, keep: set[tuple[str, str]]) -> dict[str, set[str] | None]:
+        """Per stage, the per-shard results the artifacts in ``keep`` were made from; None for a stage
+        with a kept artifact from before manifests listed them (then all of its shards are kept)."""
+        out: dict[str, set[str] | None] = {}
+        for st, k in sorted(keep):
+            used = (self.read_manifest(st, k) or {}).get(SHARD_CACHE)
+            known = out.get(st, set())
+            out[st] = None if used is None or known is None else known | set(used)
+        return out
+
     def reachable(self) -> set[tuple[str, str]]:
         keep: set[tuple[str, str]] = set()
         for f in sorted((self.local / RUNS).glob("*.json")) if (self.local / RUNS).is_dir() else []:
@@ -311,8 +349,10 @@ class ArtifactStore:
         return keep
 
     def gc(self, dry_run: bool = True) -> list[tuple[str, int]]:
-        """Artifacts no recorded run reaches, and temporary leftovers of killed runs: (path, bytes)."""
+        """Artifacts no recorded run reaches, per-shard results (``_shards/``) none of the reached
+        artifacts was made from, and temporary leftovers of killed runs in both: (path, bytes)."""
         keep = self.reachable()
+        shards = self.reachable_shards(keep)
         doomed: list[Path] = []
         for stage_dir in (p for p in self.local.iterdir() if p.is_dir() and not p.name.startswith("_")):
             for art in stage_dir.iterdir():
@@ -320,6 +360,10 @@ class ArtifactStore:
                     doomed.append(art)
                 elif not art.name.startswith((".", "_")) and (stage_dir.name, art.name) not in keep:
                     doomed.append(art)
+            used = shards.get(stage_dir.name, set())
+            if (stage_dir / SHARDS_DIR).is_dir():
+                doomed += [d for d in (stage_dir / SHARDS_DIR).iterdir()
+                           if d.name.startswith(".tmp-") or (used is not None and d.name not in used)]
         out = [(str(p), _du(p)) for p in sorted(doomed)]
         if not dry_run:
             for p in doomed:
@@ -367,15 +411,17 @@ def _fingerprint(f: Path) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _rename_into_place(tmp: Path, final: Path) -> None:
+def _rename_into_place(tmp: Path, final: Path) -> bool:
+    """Move ``tmp`` to ``final``; False (``tmp`` discarded) when a concurrent run put one there first."""
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(tmp, final)
     except OSError:
         if (final / MANIFEST).is_file():  # a concurrent run published the same key first
             shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            raise
+            return False
+        raise
+    return True
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

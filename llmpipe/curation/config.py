@@ -24,8 +24,12 @@ class LangIdConfig(Section):
         100_000, ge=0, description="score at most this many leading characters (0 = all); bounds huge docs")
     detect_code: bool = True
     code_threshold: float = Field(0.5, description="share of code-like lines from which a doc is lang 'code'")
-    keep_code: bool = False
+    keep_code: bool = Field(True, description="keep documents tagged lang 'code' (false: reject them as "
+                            "'code' in filter mode)")
     batch_size: int = run_setting(1024, gt=0)
+    max_error_share: float = run_setting(
+        0.01, ge=0, le=1, description="the stage fails when more than this share of its documents hit a "
+        "filter error (quarantined as error:<Type>): a filter that raises on many documents is broken")
 
     @field_validator("default_threshold", "code_threshold")
     @classmethod
@@ -109,6 +113,9 @@ class QualityConfig(Section):
     c4: C4Settings = Field(default_factory=C4Settings)
     fineweb: FineWebSettings = Field(default_factory=FineWebSettings)
     batch_size: int = run_setting(1024, gt=0)
+    max_error_share: float = run_setting(
+        0.01, ge=0, le=1, description="the stage fails when more than this share of its documents hit a "
+        "filter error (quarantined as error:<Type>): a filter that raises on many documents is broken")
 
     @field_validator("filters")
     @classmethod
@@ -137,6 +144,9 @@ class SafetyConfig(Section):
     blocklist: BlocklistSettings = Field(default_factory=BlocklistSettings)
     pii: PiiSettings = Field(default_factory=PiiSettings)
     batch_size: int = run_setting(1024, gt=0)
+    max_error_share: float = run_setting(
+        0.01, ge=0, le=1, description="the stage fails when more than this share of its documents hit a "
+        "filter error (quarantined as error:<Type>): a filter that raises on many documents is broken")
 
 
 def _check_unit(v: float, what: str = "") -> float:

@@ -41,7 +41,7 @@ from llmpipe.store import hash_json, sha256_file
 np = lazy_import("numpy")
 pq = lazy_import("pyarrow.parquet")
 VERSION = "2"  # 2: shards without dictionaries for ids/texts/metadata; scores.json by orjson (NaN: null)
-CURATION_TEXT = ("regex", "rjieba", "sudachipy", "sudachidict_core", "matplotlib")  # words_of + the funnel chart
+CURATION_TEXT = ("regex", "rjieba", "sudachipy", "sudachidict_core", "icu", "matplotlib")  # words_of + the funnel chart
 MODELS = "models"  # coherence: the ARPA models estimated from the reference sets, <lang>.arpa
 EXPERTISE_MODEL = "model/expertise.bin"  # expertise: the classifier trained in the stage
 CLUSTERS_JSON, CLUSTERS_PNG = "clusters.json", "clusters.png"  # diversity

@@ -9,24 +9,56 @@ re-applied later with ``decide`` alone, without recomputing anything.
 :func:`apply_filters` owns batching, counting reasons, and writing rejected documents. Every input
 document ends kept, rejected with a reason, or quarantined (a filter raised on it: reason
 ``error:<ExceptionType>``, the rest of the shard goes on), so ``in == kept + sum(rejected)``.
+A document's error is its own; a filter that raises on many documents is a broken filter, not bad
+data: :func:`check_error_share` fails the stage past a configured share (``max_error_share``),
+instead of publishing a stage that "succeeded" by rejecting everything as ``error:<Type>``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.funnel import check_funnel, funnel_rows, merge_funnels, write_funnel
-from llmpipe.document import Document, iter_documents, write_shard
+from llmpipe.document import Document, iter_documents, rejected_paths, write_shard
 
 # the funnel lives in llmpipe.curation.funnel (every curation stage writes one); re-exported here
-__all__ = ["Filter", "FilterChain", "ScoredFilter", "apply_filters", "check_funnel", "funnel_rows",
-           "merge_funnels", "write_funnel"]
+__all__ = ["Filter", "FilterChain", "FilterErrors", "ScoredFilter", "apply_filters", "check_error_share",
+           "check_funnel", "first_error", "funnel_rows", "merge_funnels", "write_funnel"]
 
 FilterResult = bool | tuple[bool, str]
+ERROR_PREFIX = "error:"  # the reason of a document a filter raised on: error:<ExceptionType>
+
+
+class FilterErrors(RuntimeError):
+    """More of a stage's documents hit filter errors than its ``max_error_share`` allows."""
+
+
+def check_error_share(funnel: dict[str, Any], limit: float, key: str,
+                      example: Callable[[], str | None] = lambda: None) -> int:
+    """The number of documents that hit a filter error; raises FilterErrors when their share of the
+    funnel's input is above ``limit`` (``key`` names the setting; ``example()``, called only then,
+    gives one error message to show)."""
+    errors = {r: n for r, n in funnel["rejected"].items() if r.startswith(ERROR_PREFIX)}
+    n, total = sum(errors.values()), funnel["in"]
+    if total and n / total > limit:
+        kinds = ", ".join(f"{r} x{c}" for r, c in sorted(errors.items()))
+        raise FilterErrors(f"{n} of {total} documents ({n / total:.1%}) hit a filter error ({kinds}), more than "
+                           f"{key} = {limit}" + (f"; the first: {first}" if (first := example()) else ""))
+    return n
+
+
+def first_error(out: Path) -> str | None:
+    """The first filter error message among a stage's rejected documents (``<out>/rejected``): what
+    :func:`check_error_share` shows when it fails, so it is read only then."""
+    for p in rejected_paths(out):
+        for d in iter_documents(p):
+            if "error" in d.metadata:
+                return str(d.metadata["error"])
+    return None
 
 
 class Filter:
@@ -130,7 +162,7 @@ class FilterChain:
                     out.append(_normalize(f.filter(d), f.name))
                 except Exception as e:  # noqa: BLE001 - quarantine, never lose the shard
                     d.metadata["error"] = f"{f.name}: {type(e).__name__}: {str(e)[:300]}"
-                    out.append(f"error:{type(e).__name__}")
+                    out.append(f"{ERROR_PREFIX}{type(e).__name__}")
             return out
 
     def funnel(self) -> dict[str, Any]:

@@ -15,7 +15,8 @@ fasttext-predict's ``multilinePredict`` returns labels without probabilities, so
 here is one tight loop over the binding's ``predict`` (no per-call Python wrapper, no copies).
 Newlines are replaced by spaces so the whole document is scored (fasttext reads one line).
 Short texts (``too_short``, lang ``und``) and source code (lang ``code``) are decided by rule before
-the model, because lid.176 assigns them a confident but meaningless language.
+the model, because lid.176 assigns them a confident but meaningless language. Code is tagged and kept
+by default (``keep_code``): the rule sees line shapes, and a wrong ``code`` tag must not lose prose.
 """
 
 from __future__ import annotations
@@ -40,12 +41,20 @@ _CODE_LINE = re.compile(
     r"|import\s+[\w.]+(?:\s+as\s+\w+)?\s*;?\s*$|from\s+[\w.]+\s+import\s+[\w*, ()]+$"
     r"|\#include\b|\#define\b|\#!/|<\?php|package\s+[\w.]+;|using\s+[\w.]+;"
     r"|(?:const|let|var)\s+\w+\s*=|(?:public|private|protected|static)\s+[\w<>\[\]]+\s+\w+\s*[(=;]"
-    r"|(?:if|elif|while|for|with|except|switch|try|else)\b.*[:{]\s*$"
-    r"|>>>\s|\$\s+\w|//|/\*|\*/|</?[a-zA-Z][\w-]*(?:\s[^>]*)?>\s*$"
+    r"|(?:else|try|finally|except|do)\s*[:{]\s*$"
+    r"|>>>\s|\$\s+[a-z]|//|/\*|\*/|</?[a-zA-Z][\w-]*(?:\s[^>]*)?>\s*$"
     r"|[\w.\[\]]+\s*[-+*/%|&]?=\s*\S"
+    r"|[{}()\[\];,]+\s*$"  # a line of brackets only: "}", "});", "]"
     r")"
-    r"|(?:[;{}]|\)\s*:|=>|\)\s*\{)\s*$"
+    r"|(?:=>|\)\s*\{)\s*$"
 )
+# A line that ends like a statement or a block (";", "{", "}", "):", or "for ...:") is code only with a
+# code token in it: a call ``name(``, an assignment or comparison, ``->``/``::``/``&&``/``||``/``++``,
+# a leading ``return`` or brace. Prose ends lines that way too: a contract's clause list ("(a) the
+# Supplier shall deliver the Goods;"), a recipe's steps ("Bake for 25 minutes;", "for the dough:").
+_STATEMENT_END = re.compile(r"(?:[;{}]|\)\s*:)\s*$|^\s*(?:if|elif|while|for|with|except|switch)\b.*[:{]\s*$")
+_CODE_TOKEN = re.compile(
+    r"[A-Za-z_]\w*\(|(?<![=!<>])=(?![=>])\s*\S|[=!<>]=|->|::|&&|\|\||\+\+|^\s*return\b|^\s*[{}]")
 _CODE_HINTS = (";", "{", "}", "def ", "import ", "</", "=>", "return", ">>> ")
 
 
@@ -85,7 +94,15 @@ def code_ratio(text: str, max_lines: int = 200) -> float:
     lines = [ln for ln in text.split("\n", max_lines)[:max_lines] if ln.strip()]
     if not lines:
         return 0.0
-    return sum(1 for ln in lines if _CODE_LINE.search(ln)) / len(lines)
+    return sum(1 for ln in lines if is_code_line(ln)) / len(lines)
+
+
+def is_code_line(line: str) -> bool:
+    """A line with a real code signal: a code construct (``def f(``, ``#include``, ``x = 1``, ``>>> ``),
+    or a statement/block end (``;``, ``{``, ``}``) together with a code token (see ``_CODE_TOKEN``)."""
+    if _CODE_LINE.search(line):
+        return True
+    return _STATEMENT_END.search(line) is not None and _CODE_TOKEN.search(line) is not None
 
 
 class LanguageIdentifier:

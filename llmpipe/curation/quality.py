@@ -10,10 +10,17 @@ differ it is on purpose and documented here:
   spaCy pipelines use). Every rule that counts words or n-grams (Gopher word counts and ratios,
   Gopher n-grams, C4 words per line, FineWeb's list ratio) sees the same words, so a 5-gram is five
   words in every language, not five characters.
-* For Chinese/Japanese documents (``lang`` from langid, or mostly-CJK text) the mean-word-length
-  rule is skipped (their words average under two characters; Gopher's 3-10 bounds are for spaced
-  scripts) and stop words are the language's own, matched as substrings; C4 accepts CJK sentence
-  terminals and counts segmented words per line (its ``line.split()`` sees one word per CJK line).
+* Runs of Thai, Lao, Khmer and Burmese are segmented into words too (ICU's dictionary break
+  iterator), so a Thai paragraph is its words, not its space-separated phrases.
+* For documents written without spaces (``lang`` from langid in
+  :data:`llmpipe.curation.text.UNSPACED_LANGS`, or mostly such characters: CJK, Thai, Lao, Khmer,
+  Burmese; the scores' ``cjk`` flag) the mean-word-length rule is skipped (Chinese and Japanese
+  words average under two characters; Gopher's 3-10 bounds are for spaced scripts) and stop words
+  are the language's own, matched as substrings; C4 accepts CJK sentence terminals and counts
+  segmented words per line (its ``line.split()`` sees one word per unspaced line).
+* The stop-word rule counts distinct stop words (``len(stop_words & set(words))``), as datatrove
+  0.10 does; datatrove 0.2 counted occurrences (``sum(w in stop_words for w in words)``), which
+  lets a page that repeats "the" pass with no other stop word.
 * Duplicate n-grams are compared as word tuples (datatrove joins words without a separator, which
   can merge different n-grams); n-gram identities are 64-bit hashes of word ids computed in numpy.
   A top n-gram's characters include the spaces between its words only in spaced scripts.
@@ -44,11 +51,12 @@ from llmpipe.curation.text import (
     check_segmenters,
     count_sentences,
     duplicate_stats,
-    is_cjk_doc,
     is_symbol_word,
+    is_unspaced_doc,
     segmenter_lang,
     split_words,
     stop_words,
+    unspaced_lang,
     words_of,
 )
 from llmpipe.document import Document
@@ -99,10 +107,10 @@ class GopherQualityFilter(ScoredFilter):
                         "n_stop_words": None}
         tagged = bool(doc.metadata.get("lang")) and doc_lang(doc, "") != ""
         lang = doc_lang(doc, self.default_lang)
-        cjk = is_cjk_doc(text, lang if tagged else None)
+        cjk = is_unspaced_doc(text, lang if tagged else None)
         words = split_words(text, lang)  # the same (text, lang) key as the other filters: one segmentation
-        if cjk and not tagged:  # untagged CJK text: Japanese when it has kana, else Chinese
-            lang = segmenter_lang(text, None)
+        if cjk and not tagged:  # untagged unspaced text: Japanese when it has kana, Chinese, Thai, ...
+            lang = unspaced_lang(text)
         n_words = len(words)
         counts = Counter(words)
         n_non_symbol = chars_non_symbol = n_alpha = 0
@@ -215,7 +223,7 @@ class GopherRepetitionFilter(ScoredFilter):
     def scores(self, doc: Document) -> dict[str, Any]:
         text = doc.text
         lang = doc_lang(doc, self.default_lang)
-        sep = 0 if is_cjk_doc(text, doc.metadata.get("lang") and lang) else 1  # CJK words touch
+        sep = 0 if is_unspaced_doc(text, doc.metadata.get("lang") and lang) else 1  # unspaced words touch
         n_chars = max(len(text), 1)
         paras = _PARA_RE.split(text.strip())
         p_dup, p_chars = duplicate_stats(paras)
@@ -278,7 +286,7 @@ class C4QualityFilter(ScoredFilter):
 
     def _lines(self, doc: Document) -> tuple[dict[str, Any], list[str]]:
         s = self.s
-        cjk = is_cjk_doc(doc.text, doc.metadata.get("lang") and doc_lang(doc, self.default_lang))
+        cjk = is_unspaced_doc(doc.text, doc.metadata.get("lang") and doc_lang(doc, self.default_lang))
         seg = segmenter_lang(doc.text, doc_lang(doc, self.default_lang)) if cjk else None
         ends = _CJK_END_PUNCT if cjk else _END_PUNCT
         dropped: Counter[str] = Counter()

@@ -1,8 +1,8 @@
 """Safety: a per-language sensitive-word blocklist filter and PII redaction with checksum validation.
 
 Blocklists are plain word lists (``llmpipe/data/curation/blocklist/<lang>.txt``, plus user files per
-language). Spaced scripts match whole words only (``ass`` does not hit ``class``); Chinese and
-Japanese, written without spaces, match as substrings. The list used is the document's ``lang``.
+language). Spaced scripts match whole words only (``ass`` does not hit ``class``); the scripts
+written without spaces (``llmpipe.curation.text.UNSPACED_LANGS``) match as substrings. The list used is the document's ``lang``.
 
 PII is redacted in place with placeholders (``<EMAIL>``, ``<PHONE>``, ``<IP>``, ``<CREDIT_CARD>``,
 ``<CN_ID>``); counts per type go to ``doc.metadata["pii"]``. Number-like candidates are validated
@@ -22,19 +22,20 @@ from collections.abc import Callable
 from llmpipe.curation.config import BlocklistSettings, PiiSettings, SafetyConfig
 from llmpipe.curation.entities.spans import ENTITIES, shift, spans_of
 from llmpipe.curation.filters import Filter, FilterResult
-from llmpipe.curation.text import CJK_LANGS, read_word_list, shipped_languages, shipped_list
+from llmpipe.curation.text import UNSPACED_LANGS, read_word_list, shipped_languages, shipped_list
 from llmpipe.document import Document
 
 # -- blocklist ----------------------------------------------------------------------------------
 
 
 def compile_blocklist(words: list[str], lang: str) -> re.Pattern[str] | None:
-    """One regex for a language's list: word-bounded for spaced scripts, substring for CJK."""
+    """One regex for a language's list: word-bounded for spaced scripts, substring for the scripts written
+    without spaces (``UNSPACED_LANGS``: CJK, Thai, Lao, Khmer, Burmese)."""
     words = sorted({w.lower() for w in words if w.strip()}, key=len, reverse=True)
     if not words:
         return None
     alt = "|".join(re.escape(w) for w in words)
-    if lang.split("_")[0] in CJK_LANGS or lang in ("th", "lo", "km", "my"):
+    if lang.split("_")[0] in UNSPACED_LANGS:
         return re.compile(alt)
     return re.compile(rf"(?<!\w)(?:{alt})(?!\w)")
 

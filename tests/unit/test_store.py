@@ -95,3 +95,67 @@ def test_fsspec_remote_root_roundtrip(tmp_path: Path) -> None:
     other = ArtifactStore("memory://llmpipe-test-store", cache_dir=tmp_path / "cache2")
     got = other.get("s", art.key)
     assert got is not None and (got.path / "f.txt").read_text() == "remote"
+
+
+def test_a_second_publish_of_a_key_keeps_the_first_artifact_readable(tmp_path: Path) -> None:
+    """Publishing a key that is already there (two flow runs of the same key) keeps the verified artifact
+    and discards the new copy: a reader of the first never finds a file missing (remove-then-rename
+    pulled them away). Publishers race in threads while a reader checks every file of the first."""
+    import threading
+
+    store = ArtifactStore(tmp_path / "store")
+    files = {f"part-{i}.txt": f"payload {i}" * 50 for i in range(8)}
+    first = _publish(store, "s", "e" * 64, files)
+    inode = (first.path / "part-0.txt").stat().st_ino
+    missing: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            missing.extend(rel for rel in files if not (first.path / rel).is_file())
+
+    def publish_again(n: int) -> None:
+        for _ in range(n):
+            again = _publish(store, "s", "e" * 64, files)
+            assert again.path == first.path and again.manifest["created"] == first.manifest["created"]
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=publish_again, args=(10,)) for _ in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    reader.join()
+    assert not missing
+    assert (first.path / "part-0.txt").stat().st_ino == inode  # the very same files
+    assert not list((tmp_path / "store" / "s").glob(".tmp-*"))  # each discarded copy is gone
+
+
+def test_publish_replaces_a_copy_that_no_longer_verifies(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    first = _publish(store, "s", "f" * 64, {"data.txt": "good bytes"})
+    (first.path / "data.txt").write_text("bad  bytes")  # same size, other content
+    second = _publish(store, "s", "f" * 64, {"data.txt": "good bytes"})
+    assert (second.path / "data.txt").read_text() == "good bytes" and store.get("s", "f" * 64) is not None
+    assert not list((tmp_path / "store" / "s").glob(".tmp-*"))
+
+
+def test_gc_keeps_every_shard_result_of_a_stage_with_an_artifact_from_before_the_list(tmp_path: Path) -> None:
+    """A reached artifact published before manifests listed their per-shard results may use any of its
+    stage's ``_shards/``: gc keeps them all (and still collects ``.tmp-*`` leftovers)."""
+    store = ArtifactStore(tmp_path / "store")
+    tmp = store.new_tmp_dir("s", "9" * 64)
+    (tmp / "x").write_text("x")
+    art = store.publish("s", "9" * 64, tmp, version="1", config={}, inputs={}, stats={}, started=0.0,
+                        shards=["used"])
+    root = store.shard_cache_root("s")
+    for name in ("used", "unused", ".tmp-used-killed"):
+        (root / name).mkdir()
+    store.record_run({"artifacts": {"s": art.key}})
+    assert {Path(p).name for p, _ in store.gc()} == {"unused", ".tmp-used-killed"}
+    mf = json.loads((art.path / "manifest.json").read_text())
+    del mf["shard_cache"]
+    (art.path / "manifest.json").write_text(json.dumps(mf))
+    assert {Path(p).name for p, _ in store.gc()} == {".tmp-used-killed"}

@@ -74,6 +74,9 @@ class EntitiesConfig(Section):
                                           "counted in metadata.pii (e.g. [PER]); empty = none")
     top_k: int = Field(10, gt=0, description="most frequent entities per label in entities.json and the table")
     batch_size: int = run_setting(256, gt=0, description="documents per recognizer call")
+    max_error_share: float = run_setting(
+        0.01, ge=0, le=1, description="the stage fails when more than this share of its documents hit a "
+        "filter error (quarantined as error:<Type>): a recognizer that raises on many documents is broken")
 
     @model_validator(mode="after")
     def _ner_model(self) -> EntitiesConfig:

@@ -23,7 +23,7 @@ from typing import Any
 
 from llmpipe.curation.entities.config import EntitiesConfig
 from llmpipe.curation.entities.spans import ENTITIES, check_spans, resolve_overlaps
-from llmpipe.curation.filters import Filter, FilterChain, FilterResult
+from llmpipe.curation.filters import Filter, FilterChain, FilterResult, check_error_share, first_error
 from llmpipe.curation.funnel import check_funnel, merge_funnels, report_funnel
 from llmpipe.document import REJECTED, SHARDS, Document, input_shards, iter_documents, write_shard
 from llmpipe.files import link_file
@@ -199,7 +199,9 @@ def run_entities(ctx: StageContext) -> dict[str, Any]:
         for sub in (SHARDS, REJECTED):
             link_file(d / sub / s.name, ctx.out / sub / s.name)
     parts = [st for _, st in results]
-    funnel = report_funnel(ctx, "entities", merge_funnels(parts))
+    merged = merge_funnels(parts)
+    check_error_share(merged, cfg.max_error_share, "entities.max_error_share", lambda: first_error(ctx.out))
+    funnel = report_funnel(ctx, "entities", merged)
     labels = funnel.get("stats", {}).get("entities", {})
     top = top_entities(parts, cfg.top_k)
     (ctx.out / ENTITIES_JSON).write_text(json.dumps({"labels": labels, "top": top}, indent=1, sort_keys=True,

@@ -49,12 +49,43 @@ def test_filter_tags_and_keeps_listed_languages() -> None:
 
 
 def test_short_text_code_and_low_score_by_rule() -> None:
-    f = LanguageFilter(LangIdConfig(thresholds={"en": 0.99}))
+    f = LanguageFilter(LangIdConfig(thresholds={"en": 0.99}, keep_code=False))
     short, code, en = doc("ok thanks"), doc(CODE), doc(SENTENCES["en"])
     assert f.filter_batch([short, code, en]) == [(False, "too_short"), (False, "code"), (False, "low_lang_score")]
     assert short.metadata["lang"] == "und" and code.metadata["lang"] == "code"
     assert code_ratio(CODE) > 0.5 and code_ratio(SENTENCES["en"]) == 0.0
-    assert LanguageFilter(LangIdConfig(keep_code=True)).filter(doc(CODE)) is True
+    tagged = doc(CODE)
+    assert LanguageFilter().filter(tagged) is True and tagged.metadata["lang"] == "code"  # tag, keep
+
+
+CONTRACT = """1. Definitions. In this Agreement:
+(a) "Goods" means the products listed in Schedule 1;
+(b) "Price" means the amount payable under clause 4(a);
+(c) the Supplier shall deliver the Goods to the Premises;
+(d) the Buyer shall pay each invoice within 30 days; and
+(e) either party may end this Agreement on written notice {subject to clause 9}.
+2. Term. This Agreement starts on the Effective Date and runs for two years;"""
+RECIPE = """Ingredients (for 4 people):
+2 cups of flour;
+1 teaspoon of salt;
+Method:
+Preheat the oven to 180 C (350 F);
+for the dough:
+Mix the flour and salt, then add the eggs;
+Bake for 25 minutes, until golden;"""
+C_CODE = 'int main(void) {\n    int x = 5;\n    printf("%d", x);\n    return 0;\n}\n'
+JS_CODE = "const add = (a, b) => {\n  return a + b;\n};\nexport default add;\n"
+
+
+def test_lines_ending_in_semicolons_or_braces_need_a_real_code_signal() -> None:
+    """A contract's clause list and a recipe end their lines with ';' and were dropped as code; a line
+    ending so counts only with a code token in it (a call, an assignment, a leading return or brace)."""
+    assert code_ratio(CONTRACT) == 0.0 and code_ratio(RECIPE) == 0.0
+    assert code_ratio(C_CODE) == 1.0 and code_ratio(JS_CODE) >= 0.75 and code_ratio(CODE) > 0.5
+    f = LanguageFilter(LangIdConfig(languages=["en"], keep_code=False))
+    contract, recipe = doc(CONTRACT), doc(RECIPE)
+    assert f.filter_batch([contract, recipe]) == [True, True]
+    assert contract.metadata["lang"] == recipe.metadata["lang"] == "en"
 
 
 def test_prose_about_code_is_not_code() -> None:

@@ -26,7 +26,7 @@ def _config(tmp: Path) -> object:
         "name": "cur", "store": str(tmp / "store"), "state_dir": str(tmp / "state"),
         "sources": [{"name": "web", "path": str(tmp / "src"), "format": "jsonl"}],
         "executor": {"kind": "local", "workers": 1},
-        "langid": {"languages": ["en", "zh"]},
+        "langid": {"languages": ["en", "zh"], "keep_code": False},  # the "code" reason on the funnel
     })
 
 
@@ -79,3 +79,39 @@ def test_stages_funnels_add_up_and_refresh_touches_only_new_shards(tmp_path: Pat
         assert runs2[name].ran and runs2[name].stats["shards"] == 2
         assert runs2[name].stats["shards_cached"] == 1
     assert runs2["safety"].stats["docs_kept"] == runs["safety"].stats["docs_kept"] + 1
+
+
+class _Broken:
+    """A quality filter that raises on every document (a bug, or a missing resource at run time)."""
+
+    name = "broken"
+
+    def filter_batch(self, docs: list) -> list:
+        raise RuntimeError("the model file went away")
+
+    def filter(self, doc: object) -> bool:
+        raise RuntimeError("the model file went away")
+
+
+def test_a_filter_raising_on_every_document_fails_the_stage(tmp_path: Path, monkeypatch) -> None:
+    """Each error is one document's quarantine, but a stage whose filter raised on every document had
+    'succeeded' with them all rejected as error:<Type>. Past quality.max_error_share it fails."""
+    import pytest
+
+    from llmpipe.config import ConfigError
+    from llmpipe.curation import stages
+    from llmpipe.curation.config import QualityConfig
+    from llmpipe.dag import StageFailed
+
+    _write_jsonl(tmp_path / "src" / "a.jsonl", [GOOD_EN, GOOD_EN.replace("Tuesday", "Monday"), ZH])
+    monkeypatch.setitem(stages.BUILDERS, "quality", (QualityConfig, lambda cfg: [_Broken()]))
+    with pytest.raises(StageFailed, match=r"3 of 3 documents \(100.0%\) hit a filter error \(error:RuntimeError "
+                                          r"x3\), more than quality.max_error_share = 0.01; the first: broken: "
+                                          r"RuntimeError: the model file went away"):
+        run_pipeline(_config(tmp_path), until="quality")
+    cfg = _config(tmp_path)
+    cfg.quality.max_error_share = 1.0
+    runs = {r.stage: r for r in run_pipeline(cfg, until="quality")}
+    assert runs["quality"].stats["rejected"] == {"error:RuntimeError": 3}
+    with pytest.raises(ConfigError, match="quality.max_error_share"):
+        load_config(data={"sources": [{"name": "s", "path": "x"}], "quality": {"max_error_share": 1.5}})

@@ -11,6 +11,7 @@ import pytest
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup.text import shingles
 from llmpipe.document import Document, iter_documents, read_shard, shard_paths
+from llmpipe.store import ArtifactStore
 from tests.fixtures.dedup_runs import planted_pair, publish_input, run_dedup, words
 
 
@@ -131,7 +132,9 @@ def test_out_of_core_equals_in_memory(store) -> None:
     shards, _ = _planted_corpus(seed=8, pairs=150)
     mem = run_dedup(store, publish_input(store, shards), DedupConfig(backend="memory", incremental=False))
     ext_cfg = DedupConfig(backend="external", memory_budget_mb=0.02, incremental=False)
-    ext = run_dedup(store, publish_input(store, shards), ext_cfg)
+    # the backend is a run setting, so both runs have one key: a store keeps the first artifact of a key
+    other = ArtifactStore(store.root.parent / "store-external")
+    ext = run_dedup(other, publish_input(other, shards), ext_cfg)
     from llmpipe.curation.dedup.lsh import ExternalIndex
 
     runs = sorted((ext.path / "index" / "bands").iterdir())

@@ -1,0 +1,89 @@
+"""Scripts written without spaces beyond CJK: Thai, Lao, Khmer and Burmese are segmented into words (ICU),
+share one definition across quality, safety and dedup, and a Thai paragraph is judged on its words."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from llmpipe.curation.config import GopherQualitySettings
+from llmpipe.curation.quality import GopherQualityFilter, GopherRepetitionFilter
+from llmpipe.curation.safety import compile_blocklist
+from llmpipe.curation.text import (
+    UNSPACED_LANGS,
+    is_unspaced_doc,
+    unspaced_lang,
+    unspaced_re,
+    words_of,
+)
+from tests.fixtures.curation_docs import doc
+
+# A family trip to the sea: nine sentences, spaces only between phrases (as Thai is written).
+THAI = ("เมื่อวานนี้ครอบครัวของเราเดินทางไปเที่ยวทะเลที่จังหวัดชลบุรี เราออกจากบ้านตั้งแต่เช้าเพราะอยากหลีกเลี่ยงรถติด "
+        "ระหว่างทางเราแวะกินข้าวเช้าที่ร้านเล็กๆ ริมถนน อาหารอร่อยและราคาไม่แพง "
+        "เมื่อถึงชายหาดเด็กๆ รีบวิ่งลงไปเล่นน้ำทันที ส่วนผู้ใหญ่นั่งพักผ่อนใต้ร่มไม้และคุยกันอย่างสนุกสนาน "
+        "ตอนบ่ายเราไปเดินตลาดปลาเพื่อซื้ออาหารทะเลสดกลับบ้าน ก่อนกลับเราได้ชมพระอาทิตย์ตกที่สวยงามมาก "
+        "ทุกคนเห็นตรงกันว่าเป็นวันที่มีความสุขที่สุดวันหนึ่งของปีนี้")
+LAO = "ພາສາລາວເປັນພາສາທີ່ໃຊ້ໃນປະເທດລາວ"
+KHMER = "ភាសាខ្មែរគឺជាភាសាកំណើតរបស់ជនជាតិខ្មែរ"
+BURMESE = "မြန်မာဘာသာစကားသည် မြန်မာနိုင်ငံ၏ ရုံးသုံးဘာသာစကား ဖြစ်သည်။"
+
+
+def test_thai_lao_khmer_burmese_runs_become_words() -> None:
+    assert words_of(THAI)[:6] == ("เมื่อ", "วาน", "นี้", "ครอบครัว", "ของ", "เรา")  # ICU's dictionary cuts
+    assert len(THAI.split()) == 11 and len(words_of(THAI)) > 80  # phrases were counted as words
+    for text, at_least in ((LAO, 6), (KHMER, 5), (BURMESE, 6)):
+        words = words_of(text)
+        assert len(words) >= at_least and "".join(words) == text.replace(" ", ""), text
+    mixed = words_of("ภาษาไทย and English 日本語です")
+    assert mixed == ("ภาษา", "ไทย", "and", "English", "日本語", "です")
+
+
+@pytest.mark.parametrize("tag", ["th", None])
+def test_a_thai_paragraph_is_not_a_short_doc(tag: str | None) -> None:
+    """18 space-separated phrases of ~58 characters each were 18 'words': gopher_short_doc."""
+    d = doc(THAI, lang=tag) if tag else doc(THAI)
+    f = GopherQualityFilter()
+    assert f.filter(d) is True
+    sc = d.metadata["scores"]["gopher_quality"]
+    assert sc["cjk"] is True and sc["n_words"] >= GopherQualitySettings().min_doc_words
+    assert sc["lang"] == "th"  # untagged: by its script
+    assert GopherRepetitionFilter().filter(doc(THAI, lang="th")) is True
+
+
+def test_one_definition_of_unspaced_scripts() -> None:
+    assert {"zh", "ja", "th", "lo", "km", "my"} <= UNSPACED_LANGS
+    for text in (THAI, LAO, KHMER, BURMESE, "今日は良い天気です", "今天天气很好"):
+        assert is_unspaced_doc(text, None) and unspaced_re().search(text), text
+    assert not is_unspaced_doc("A plain English sentence about the weather.", None)
+    assert [unspaced_lang(t) for t in (THAI, LAO, KHMER, BURMESE, "今日は良い天気です")] == ["th", "lo", "km", "my", "ja"]
+    assert unspaced_re().pattern.startswith("[") and isinstance(unspaced_re(), re.Pattern)
+    # safety's blocklist matches inside unspaced text (no word boundaries there), word-bounded elsewhere
+    assert compile_blocklist(["ทะเล"], "th").search(THAI) is not None
+    assert compile_blocklist(["ass"], "en").search("a class act") is None
+
+
+def test_stop_words_count_distinct_words_as_datatrove_does() -> None:
+    """datatrove 0.10: ``len(stop_words & set(words)) < min_stop_words``; repeating "the" is one."""
+    f = GopherQualityFilter(GopherQualitySettings(min_doc_words=5, min_avg_word_length=2))
+    one = doc("the cat sat on the mat and the dog saw the cat " * 3, lang="en")
+    res = f.filter(one)
+    assert one.metadata["scores"]["gopher_quality"]["n_stop_words"] == 2  # "the", "and"
+    assert res is True
+    only_the = doc("the cat the mat the dog the sun the sky the sea " * 3, lang="en")
+    assert f.filter(only_the) == (False, "gopher_not_enough_stop_words")
+    assert only_the.metadata["scores"]["gopher_quality"]["n_stop_words"] == 1
+
+
+def test_the_fast_word_pattern_is_taken_only_where_it_finds_the_same_words() -> None:
+    """Text without a Thai/Lao/Khmer/Myanmar character is split by a pattern that skips those scripts'
+    properties; the blocks that choose it must hold every character of the four scripts."""
+    import regex
+
+    from llmpipe.curation import text as T
+
+    sea = [c for c in map(chr, range(0x30000)) if regex.match(f"[{T._SEA_CLASS}]", c)]
+    assert len(sea) > 500 and all(T._SEA_BLOCKS.match(c) for c in sea)
+    for text in ("Plain ASCII, it's 3.5 words...", "Ünïcödé café 日本語の文 and Русский текст!"):
+        assert T._WORD_RE_NO_SEA.findall(text) == T._WORD_RE.findall(text)
