@@ -90,7 +90,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reruns", type=int, default=3, help="no-change reruns with the server (median counts)")
     ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.reruns, args.overrides = 1, ["--flow", "data_refresh", *args.overrides]  # curation + tokenize only
     from flows import prefect_ops
     from llmpipe.processes import free_port
 

@@ -74,6 +74,7 @@ from llmpipe.stage import STAGES, StageContext  # noqa: E402
 from llmpipe.store import Artifact, ArtifactStore, hash_json  # noqa: E402
 
 SHARD_DOCS = 5000
+UPSTREAM = STAGES["dedup"].inputs[0]  # the stage dedup reads (its input name)
 
 
 def make_docs(rng: random.Random, prefix: str, n: int, pool: list[str]) -> list[Document]:
@@ -96,14 +97,14 @@ def make_docs(rng: random.Random, prefix: str, n: int, pool: list[str]) -> list[
 
 
 def publish_input(store: ArtifactStore, shards: dict[str, list[Document]], tag: str) -> Artifact:
-    """A 'safety' artifact holding the shards (the dedup stage's input)."""
+    """An artifact of the dedup stage's upstream stage holding the shards (the dedup stage's input)."""
     from llmpipe.document import write_shard
 
     key = hash_json(["dedup-refresh-bench", tag, sorted(shards), sum(len(v) for v in shards.values())])
-    tmp = store.new_tmp_dir("safety", key)
+    tmp = store.new_tmp_dir(UPSTREAM, key)
     for name, docs in shards.items():
         write_shard(tmp / "shards" / name, docs)
-    return store.publish("safety", key, tmp, version="bench", config={}, inputs={}, stats={}, started=time.time())
+    return store.publish(UPSTREAM, key, tmp, version="bench", config={}, inputs={}, stats={}, started=time.time())
 
 
 def _no_cpu() -> float:
@@ -123,12 +124,12 @@ def run_dedup(store: ArtifactStore, inp: Artifact, cfg: DedupConfig,
     x0 = extra_cpu()
     c0, w0 = time.process_time(), time.perf_counter()
     tmp = store.new_tmp_dir("dedup", key)
-    ctx = StageContext(spec=spec, config=cfg, pipeline=None, key=key, out=tmp, inputs={"safety": inp.path},
-                       input_keys={"safety": inp.key}, store=store, executor=LocalExecutor(1))
+    ctx = StageContext(spec=spec, config=cfg, pipeline=None, key=key, out=tmp, inputs={UPSTREAM: inp.path},
+                       input_keys={UPSTREAM: inp.key}, store=store, executor=LocalExecutor(1))
     stats = spec.fn(ctx)
     c1, x1 = time.process_time(), extra_cpu()
     art = store.publish("dedup", key, tmp, version=spec.version, config=cfg.key_dict(),
-                        inputs={"safety": inp.key}, stats=stats, started=w0)
+                        inputs={UPSTREAM: inp.key}, stats=stats, started=w0)
     times = {"cpu": time.process_time() - c0 + extra_cpu() - x0, "wall": time.perf_counter() - w0,
              "stage_cpu": c1 - c0 + x1 - x0}
     return art, times
@@ -204,7 +205,10 @@ def main() -> None:
                     help="base corpus size for the redis backend (a full run through Redis is ~7 ms/doc)")
     ap.add_argument("--backends", default="external,redis,memory",
                     help="LSH backends to measure; the last RESULT line is the last one's (memory: the default)")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.redis_docs = 2000, 1000
     rng = random.Random(0)
     pool: list[str] = []
     base = make_docs(rng, "d", args.docs, pool)

@@ -49,7 +49,10 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=300)
     ap.add_argument("--num-perm", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     a = ap.parse_args()
+    if a.quick:
+        a.docs, a.repeat = 100, 1
     texts = corpus(a.docs, a.words)
     P = a.num_perm
     signatures(texts[:2], num_perm=P)  # compile / load the numba kernel outside the timing
