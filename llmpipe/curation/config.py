@@ -165,7 +165,7 @@ class DedupConfig(Section):
     rows: int | None = Field(None, ge=1, description="rows per band; set with bands")
     false_positive_weight: float = Field(0.1, description="LSH tuning weight; low because pairs are verified")
     false_negative_weight: float = 0.9
-    verify: bool = Field(True, description="merge a candidate pair only if its signature Jaccard >= threshold")
+    verify: bool = Field(True, description="remove a candidate only if its exact shingle Jaccard with the keeper >= threshold")
     seed: int = Field(1, ge=0)
     word_ngram: int = Field(5, ge=1, description="shingle size in words for spaced scripts")
     char_ngram: int = Field(5, ge=1, description="shingle size in characters for CJK / Thai-like scripts")

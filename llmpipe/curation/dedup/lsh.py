@@ -1,15 +1,18 @@
 """LSH candidate search over MinHash signatures: datasketch (memory or Redis) or out-of-core on disk.
 
 Every backend answers the same question for a batch of new documents with global indexes
-``first .. first + n - 1``: which pairs ``(j, i)``, ``j`` new and ``i < j`` (old or new), share at
-least one LSH band? datasketch keys buckets by the band's bytes; the external backend by a 64-bit
-hash of them (a spurious 64-bit collision is ~n^2/2^64 and is then caught by verification).
+``first .. first + n - 1``: for each new ``j`` and each LSH band, the **anchor** of ``j``'s bucket
+(its smallest member) when that is an earlier document: edges ``(j, anchor)``, at most ``bands``
+per document however large a bucket grows (see :mod:`llmpipe.curation.dedup.core`). datasketch
+keys buckets by the band's bytes; the external backend by a 64-bit hash of them (a spurious 64-bit
+collision is ~n^2/2^64 and is then caught by verification).
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +22,7 @@ import numpy as np
 from datasketch import LeanMinHash, MinHashLSH
 
 from llmpipe.curation.dedup import datasketch_adapter as ds
+from llmpipe.curation.dedup.core import anchor_edges, unique_edges
 from llmpipe.files import link_file
 from llmpipe.memory import gc_paused
 
@@ -55,11 +59,6 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return out
 
 
-def signature_agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Estimated Jaccard of row pairs: the share of equal signature values."""
-    return (a == b).mean(axis=1) if len(a) else np.zeros(0)
-
-
 # -- datasketch backends ---------------------------------------------------------------------------
 
 BASE_FILE = "lsh.pkl"
@@ -86,6 +85,7 @@ class DatasketchIndex:
         self.inserts = 0
         self.queries = 0
         self._new: list[tuple[np.ndarray, np.ndarray]] = []  # (idx, band values) inserted by this run
+        self._anchors: dict[tuple[int, bytes], int] = {}  # (band, bucket key) -> its smallest member
 
     @classmethod
     def create(cls, threshold: float, num_perm: int, params: tuple[int, int], seed: int,
@@ -104,25 +104,33 @@ class DatasketchIndex:
         return ds.lean(row, self.seed)
 
     def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
-        """Insert docs ``idx`` (ascending), then query each: pairs (j, i) with i < j, shape (m, 2)."""
+        """Insert docs ``idx`` (ascending), then their anchor edges ``(j, anchor < j)``, shape (m, 2).
+
+        A bucket's anchor is the minimum of its members (``hashtables[band].get(key)``), computed
+        once per bucket and run and cached: later inserts into it are larger, so it never changes.
+        """
         with gc_paused(), self.lsh.insertion_session(buffer_size=10_000) as session:
             for k in range(len(sigs)):
                 session.insert(int(idx[k]), self._lean(sigs[k]), check_duplication=False)
         self.inserts += len(sigs)
         if self.meta["storage"]["type"] == "dict" and len(sigs):
             self._new.append((np.asarray(idx, np.int64), np.ascontiguousarray(sigs[:, : self._banded])))
-        js: list[int] = []
-        is_: list[int] = []
-        if not query:
+        if not query or not len(sigs):
             return np.zeros((0, 2), np.int64)
-        for k in range(len(sigs)):
-            j = int(idx[k])
-            for i in self.lsh.query(self._lean(sigs[k])):
-                if i < j:
-                    js.append(j)
-                    is_.append(int(i))
+        js: list[int] = []
+        anchors: list[int] = []
+        for band, (keys, table) in enumerate(zip(ds.bucket_keys(self.lsh, sigs), self.lsh.hashtables, strict=True)):
+            for k, key in enumerate(keys):
+                a = self._anchors.get((band, key))
+                if a is None:
+                    members = table.get(key)
+                    a = min(pickle.loads(m) for m in members) if self.lsh.prepickle else min(members)
+                    self._anchors[(band, key)] = a
+                if a < idx[k]:
+                    js.append(int(idx[k]))
+                    anchors.append(int(a))
         self.queries += len(sigs)
-        return np.array([js, is_], dtype=np.int64).T.reshape(-1, 2)
+        return unique_edges(np.array([js, anchors], dtype=np.int64).T.reshape(-1, 2))
 
     def bulk_insert(self, idx: np.ndarray, bands: np.ndarray) -> None:
         """Insert without a query, straight into the dict storage: what ``MinHashLSH.insert`` stores.
@@ -253,36 +261,35 @@ class ExternalIndex:
             return np.zeros(0, np.uint64), np.zeros(0, np.int64)
         return np.concatenate(keys), np.concatenate(docs)
 
-    def query_new(self, first_new: int) -> Iterator[np.ndarray]:
-        """Per key range: pairs (j, i), j >= first_new, i < j, sharing a bucket (deduplicated)."""
-        for lo, hi in self._ranges(self.partitions()):
+    def query_new(self, first_new: int, last: int, spill: Path) -> Iterator[np.ndarray]:
+        """Anchor edges ``(j, anchor)`` of the new docs ``first_new <= j < last``, in ascending ``j``.
+
+        Each key range's edges are spilled to ``spill`` split by blocks of ``j`` sized to the
+        budget; then each block's files are merged and yielded in turn, so neither the records
+        nor the edges are ever all in memory (a document has at most ``bands`` edges).
+        """
+        block = max(1, self.budget // (self.bands * self.RECORD_BYTES * 4))
+        spill.mkdir(parents=True, exist_ok=True)
+        for p, (lo, hi) in enumerate(self._ranges(self.partitions())):
             keys, docs = self._load_range(lo, hi)
             if len(keys) < 2:
                 continue
             order = np.lexsort((docs, keys))
-            keys, docs = keys[order], docs[order]
-            starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-            sizes = np.diff(np.append(starts, len(keys)))
-            pairs = _bucket_pairs(docs, starts, sizes, first_new)
-            if len(pairs):
-                yield np.unique(pairs, axis=0)
+            edges = anchor_edges(keys[order], docs[order], first_new)
+            del keys, docs, order
+            if not len(edges):
+                continue
+            blocks = (edges[:, 0] - first_new) // block
+            order = np.argsort(blocks, kind="stable")
+            edges, blocks = edges[order], blocks[order]
+            cuts = np.flatnonzero(np.concatenate(([True], blocks[1:] != blocks[:-1]))).tolist()
+            for s, e in zip(cuts, [*cuts[1:], len(blocks)], strict=True):
+                np.save(spill / f"{int(blocks[s]):08d}-{p:06d}.npy", edges[s:e])
         self.queries += 1
-
-
-def _bucket_pairs(docs: np.ndarray, starts: np.ndarray, sizes: np.ndarray, first_new: int) -> np.ndarray:
-    """All (j, i) with j new and i < j inside each bucket (docs sorted within a bucket)."""
-    multi = sizes > 1
-    starts, sizes = starts[multi], sizes[multi]
-    if not len(starts):
-        return np.zeros((0, 2), np.int64)
-    last = docs[starts + sizes - 1]
-    keep = last >= first_new  # a bucket with no new document yields nothing new
-    starts, sizes = starts[keep], sizes[keep]
-    out = []
-    for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
-        members = docs[s : s + n]
-        lo, hi = np.triu_indices(n, k=1)  # lo < hi positions; members are ascending
-        pair = np.stack([members[hi], members[lo]], axis=1)  # (j, i) with i < j
-        pair = pair[(pair[:, 0] >= first_new) & (pair[:, 0] != pair[:, 1])]
-        out.append(pair)
-    return np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+        for b in range(-(-(last - first_new) // block)):
+            files = sorted(spill.glob(f"{b:08d}-*.npy"))
+            if files:
+                yield unique_edges(np.concatenate([np.load(f) for f in files]))
+                for f in files:
+                    f.unlink()
+        shutil.rmtree(spill, ignore_errors=True)

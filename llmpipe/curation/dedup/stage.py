@@ -23,12 +23,13 @@ documents against the persisted index (see :mod:`llmpipe.curation.dedup.core` fo
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.curation.dedup.text import exact_hash, normalize
+from llmpipe.curation.dedup.text import exact_hash, normalize, shingles
 from llmpipe.curation.funnel import report_funnel
 from llmpipe.document import (
     REJECTED,
@@ -52,7 +53,8 @@ core = lazy_import("llmpipe.curation.dedup.core")
 
 # 2: an empty kept shard has no row group (`datasets` reads it); unchanged shards linked
 # 3: the shared funnel (funnel.json in the filter stages' schema, funnel.png)
-VERSION = "3"
+# 4: candidates are edges to each bucket's anchor; near duplicates verified by exact Jaccard vs the keeper
+VERSION = "4"
 INDEX_FORMAT = 2  # 2: memory index as base + deltas
 
 
@@ -295,8 +297,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
             uniq = np.flatnonzero(exact_index_mask(index_dir / "shards" / stem / "docs.parquet"))
             _insert(index, index_dir / "bands" / stem, seg.first + uniq, np.load(seg.path)[uniq], query=False)
     per_shard: list[dict[str, Any]] = []
-    new_unique: list[np.ndarray] = []
-    pairs: list[np.ndarray] = []
+    edges: list[np.ndarray] = []  # memory / redis: at most `bands` edges per new document
     for s, d in zip(new, sig_dirs, strict=True):
         stem = Path(s["name"]).stem
         hashes = np.load(d / "exact.npy")
@@ -308,23 +309,31 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         if cfg.near and len(uniq):
             got = _insert(index, index_dir / "bands" / stem, first + uniq, np.load(d / "sig.npy")[uniq], query=True)
             if got is not None and len(got):
-                pairs.append(got)
-        new_unique.append(first + uniq)
+                edges.append(got)
         per_shard.append({"shard": s, "stem": stem, "dir": d, "first": first, "n": n, "target": target,
                           "hashes": hashes})
         first += n
-    if cfg.near and isinstance(index, ExternalIndex):
-        pairs.extend(index.query_new(n_old_docs))
     timings["lsh"] = time.perf_counter() - t2
 
-    # 4. parents and keepers
+    # 4. clusters: each new doc joins the first verified keeper among its anchors' keepers (core's rule)
     t3 = time.perf_counter()
-    new_idx = np.concatenate(new_unique) if new_unique else np.zeros(0, np.int64)
-    all_pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
-    parent, verified = core.resolve_parents(new_idx, all_pairs, sig_store, cfg.threshold, cfg.verify)
-    keeper_u = core.assign_keepers(new_idx, parent, lambda i: int(old_keeper_arr[i]))
     keeper_new = np.arange(n_old_docs, first, dtype=np.int64)  # by (global index - n_old_docs)
-    keeper_new[new_idx - n_old_docs] = keeper_u
+    texts = core.ShingleSets(lambda text, lang: shingles(
+        text, word_ngram=params["word_ngram"], char_ngram=params["char_ngram"], lang=lang,
+        char_ratio=params["char_script_ratio"]))
+    start = 0
+    for s, size in zip(shards, [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard],
+                       strict=True):
+        texts.add(start, Path(s["path"]))
+        start += size
+    with tempfile.TemporaryDirectory(prefix=".tmp-edges-", dir=ctx.out) as spill:
+        if cfg.near and isinstance(index, ExternalIndex):
+            stream = index.query_new(n_old_docs, first, Path(spill))
+        else:
+            stream = iter(edges)
+        n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
+                                   texts.jaccard if cfg.verify else None, cfg.threshold)
+    edges.clear()
 
     def keeper_of(i: int) -> int:
         return int(old_keeper_arr[i]) if i < n_old_docs else int(keeper_new[i - n_old_docs])
@@ -365,8 +374,8 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     stats.update({
         "shards": len(shards), "shards_reused": n_old, "new_docs": first - n_old_docs,
         "bands": params["bands"], "rows": params["rows"], "backend": cfg.backend,
-        "lsh_inserts": index.inserts, "lsh_queries": index.queries, "pairs_candidate": int(len(all_pairs)),
-        "pairs_verified": int(verified), "seconds": {k: round(v, 3) for k, v in timings.items()},
+        "lsh_inserts": index.inserts, "lsh_queries": index.queries, "edges_candidate": int(n_edges),
+        "edges_verified": int(texts.computed), "seconds": {k: round(v, 3) for k, v in timings.items()},
     })
     sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
     meta = {"params": params, "lineage": lineage, "backend": cfg.backend,
