@@ -33,6 +33,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "curation_vs_datatrove.py": (900, (SLOW,)),  # builds datatrove's own venv on first use
     "dask_scaling.py": (600, (SLOW,)),
     "dedup_memory.py": (300, (SLOW,)),
+    "dedup_quality.py": (300, ()),  # the must-show precision / recall and cluster cost, small
     "dedup_refresh.py": (300, (SLOW,)),
     "diversity.py": (300, (SLOW,)),
     "entities.py": (300, ()),

@@ -132,13 +132,13 @@ class ShingleSets:
     """Exact Jaccard of two documents by global index: shingle sets recomputed from their texts.
 
     The texts come from the shards (``(first, path)`` per shard); at most ``shards`` shards' text
-    columns and ``cached`` documents' shingle sets are held (most recently used first), so memory
-    stays bounded whatever the corpus: keepers recur (a boilerplate cluster's keeper is every
-    member's candidate) and are cached, members are read once, in order.
+    columns and ``cached`` keepers' shingle sets are held (least recently used dropped first), so
+    memory stays bounded whatever the corpus: keepers recur (a boilerplate cluster's keeper is every
+    member's candidate) and are cached; members are read once, in order, and not cached.
     """
 
     def __init__(self, shingle: Callable[[str, str | None], list[bytes]], shards: int = 4,
-                 cached: int = 4096) -> None:
+                 cached: int = 1024) -> None:
         self.shingle = shingle
         self.files: list[tuple[int, Path]] = []
         self.max_shards, self.max_sets = shards, cached
@@ -167,7 +167,7 @@ class ShingleSets:
             self.columns.popitem(last=False)
         return self.columns[k]
 
-    def get(self, idx: int) -> frozenset[bytes]:
+    def get(self, idx: int, cache: bool = True) -> frozenset[bytes]:
         got = self.sets.get(idx)
         if got is not None:
             self.sets.move_to_end(idx)
@@ -176,14 +176,16 @@ class ShingleSets:
         texts, langs = self._column(k)
         row = idx - self.files[k][0]
         got = frozenset(self.shingle(texts[row], langs[row]))
-        self.sets[idx] = got
-        if len(self.sets) > self.max_sets:
-            self.sets.popitem(last=False)
+        if cache:
+            self.sets[idx] = got
+            if len(self.sets) > self.max_sets:
+                self.sets.popitem(last=False)
         return got
 
     def jaccard(self, a: int, b: int) -> float:
+        """Exact Jaccard of document ``a`` (read once: not cached) and keeper ``b`` (cached)."""
         self.computed += 1
-        sa, sb = self.get(a), self.get(b)
+        sa, sb = self.get(a, cache=False), self.get(b)
         if not sa and not sb:
             return 1.0
         inter = len(sa & sb) if len(sa) <= len(sb) else len(sb & sa)
