@@ -23,7 +23,6 @@ from datasketch import LeanMinHash, MinHashLSH
 
 from llmpipe.curation.dedup import datasketch_adapter as ds
 from llmpipe.curation.dedup.core import anchor_edges, unique_edges
-from llmpipe.files import link_file
 from llmpipe.memory import gc_paused
 
 _U64 = np.uint64
@@ -61,30 +60,28 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
 
 # -- datasketch backends ---------------------------------------------------------------------------
 
-BASE_FILE = "lsh.pkl"
-COMPACT_RATIO = 0.25  # rewrite the base when its deltas hold more than this share of its documents
-# Unpickling or filling a ``MinHashLSH`` allocates ~2 acyclic containers per (document, band): with the
-# cyclic GC on, its repeated full collections over the growing heap cost ~8x the load itself, so every
-# bulk insert and load below runs under ``gc_paused``.
+# Filling a ``MinHashLSH`` allocates ~2 acyclic containers per (document, band): with the cyclic GC
+# on, its repeated full collections over the growing heap cost ~8x the inserts themselves, so every
+# bulk insert below runs under ``gc_paused``.
 
 
 class DatasketchIndex:
     """``MinHashLSH`` over ``LeanMinHash`` keyed by global document index (dict or Redis storage).
 
-    The dict storage persists as a base pickle of the whole ``MinHashLSH`` plus append-only delta
-    files (the global indexes and band values of the documents each later run inserted): a refresh
-    links the previous base and deltas, loads them, and writes only its own delta, so it never
-    re-pickles the corpus. When the deltas outgrow ``COMPACT_RATIO`` of the base, the run rewrites
-    the base (amortized: one O(corpus) dump per ~``COMPACT_RATIO`` growth of the index). Loading
-    is still O(corpus): an in-memory index must hold every old document's buckets.
+    The dict storage is not persisted as such: ``index/lsh.json`` records the storage, and a refresh
+    rebuilds the index from the previous artifact's per-shard signatures (``index/shards/*/sig.npy``,
+    exact-unique rows) with :meth:`bulk_insert`. So the index files are a function of the input
+    shards alone, and a refresh writes the same bytes as a cold run of the same key (a pickle of the
+    whole index, or one delta file per refresh, would depend on the run history). Loading is
+    O(corpus), as unpickling was: an in-memory index must hold every old document's buckets.
+    Redis storage lives in the server under ``basename`` (recorded in ``lsh.json``), which a refresh
+    reuses.
     """
 
-    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any], src: Path | None = None) -> None:
+    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any]) -> None:
         self.lsh, self.seed, self.meta = lsh, seed, meta
-        self.src = src  # the directory the base and deltas were loaded from (None: a fresh index)
         self.inserts = 0
         self.queries = 0
-        self._new: list[tuple[np.ndarray, np.ndarray]] = []  # (idx, band values) inserted by this run
         self._anchors: dict[tuple[int, bytes], int] = {}  # (band, bucket key) -> its smallest member
 
     @classmethod
@@ -113,8 +110,6 @@ class DatasketchIndex:
             for k in range(len(sigs)):
                 session.insert(int(idx[k]), self._lean(sigs[k]), check_duplication=False)
         self.inserts += len(sigs)
-        if self.meta["storage"]["type"] == "dict" and len(sigs):
-            self._new.append((np.asarray(idx, np.int64), np.ascontiguousarray(sigs[:, : self._banded])))
         if not query or not len(sigs):
             return np.zeros((0, 2), np.int64)
         js: list[int] = []
@@ -135,8 +130,8 @@ class DatasketchIndex:
     def bulk_insert(self, idx: np.ndarray, bands: np.ndarray) -> None:
         """Insert without a query, straight into the dict storage: what ``MinHashLSH.insert`` stores.
 
-        Used to replay deltas: ``insert`` builds a ``LeanMinHash`` per document and byteswaps each
-        band separately; :func:`datasketch_adapter.bulk_insert` computes every bucket key with one
+        Used to rebuild the index of a refresh's old shards: ``insert`` builds a ``LeanMinHash`` per
+        document and byteswaps each band separately; :func:`datasketch_adapter.bulk_insert` computes every bucket key with one
         numpy byteswap. The first document goes through ``insert``, so datasketch records the
         scheme of an empty index (or checks it against a loaded one's). Tests check that the tables
         equal those ``insert`` builds.
@@ -151,31 +146,8 @@ class DatasketchIndex:
             ds.bulk_insert(lsh, [int(k) for k in idx[1:]], bands[1:])
 
     def save(self, index_dir: Path) -> None:
-        """Dict storage: link the base and deltas, add this run's delta, or compact into a new base."""
-        if self.meta["storage"]["type"] == "dict":
-            self._save_dict(index_dir)
+        """``lsh.json``: the storage (and the Redis basename); the buckets are rebuilt from signatures."""
         (index_dir / "lsh.json").write_text(json.dumps(self.meta, sort_keys=True))
-
-    def _save_dict(self, index_dir: Path) -> None:
-        base = self.meta.get("base")
-        deltas = list(self.meta.get("deltas", []))
-        new_docs = sum(len(i) for i, _ in self._new)
-        if base is None or self.src is None or sum(d["docs"] for d in deltas) + new_docs > COMPACT_RATIO * base["docs"]:
-            with open(index_dir / BASE_FILE, "wb") as f:
-                pickle.dump(self.lsh, f, protocol=pickle.HIGHEST_PROTOCOL)
-            self.meta.update(base={"file": BASE_FILE, "docs": len(self.lsh.keys)}, deltas=[])
-            self._new.clear()
-            return
-        for rel in [base["file"]] + [d["file"] for d in deltas]:
-            if self.src.resolve() != index_dir.resolve():
-                link_file(self.src / rel, index_dir / rel)
-        if new_docs:
-            name = f"lsh-delta-{len(deltas):05d}.npz"
-            np.savez(index_dir / name, idx=np.concatenate([i for i, _ in self._new]),
-                     bands=np.concatenate([b for _, b in self._new]))
-            deltas.append({"file": name, "docs": new_docs})
-        self.meta["deltas"] = deltas
-        self._new.clear()
 
     def close(self) -> None:
         """Free a dict index's buckets now, by reference counting (see ``datasketch_adapter.free``)."""
@@ -183,26 +155,16 @@ class DatasketchIndex:
             ds.free(self.lsh)
 
     @classmethod
-    def load(cls, index_dir: Path, seed: int, storage: dict[str, Any] | None, threshold: float,
-             num_perm: int, params: tuple[int, int]) -> DatasketchIndex | None:
-        """The previous run's index, or None when it was built by another backend."""
+    def load_redis(cls, index_dir: Path, seed: int, storage: dict[str, Any], threshold: float,
+                   num_perm: int, params: tuple[int, int]) -> DatasketchIndex | None:
+        """The previous run's Redis index (its basename), or None when it was built by another backend."""
         meta_path = index_dir / "lsh.json"
         if not meta_path.is_file():
             return None
         meta = json.loads(meta_path.read_text())
-        want = (storage or {"type": "dict"})["type"]
-        if meta["storage"]["type"] != want:
+        if meta["storage"]["type"] != "redis":
             return None
-        if want != "dict":
-            cfg = dict(storage or {})
-            cfg["basename"] = meta["basename"].encode()
-            return cls.create(threshold, num_perm, params, seed, cfg)
-        with gc_paused(), open(index_dir / meta["base"]["file"], "rb") as f:
-            index = cls(pickle.load(f), seed, meta, src=index_dir)
-        for d in meta.get("deltas", []):
-            with np.load(index_dir / d["file"]) as z:
-                index.bulk_insert(z["idx"], z["bands"])
-        return index
+        return cls.create(threshold, num_perm, params, seed, {**storage, "basename": meta["basename"].encode()})
 
 
 # -- out-of-core backend ---------------------------------------------------------------------------

@@ -8,9 +8,8 @@ Artifact layout (under the stage's output directory):
   ``duplicate_of``;
 - ``index/meta.json`` (parameters + the ordered input shards with their sha256),
   ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
-  ``index/lsh.pkl`` + ``index/lsh-delta-*.npz`` (memory backend: a base pickle of the ``MinHashLSH``
-  and the documents each later run added), ``index/lsh.json`` (datasketch storage, base and deltas
-  / Redis basename),
+  ``index/lsh.json`` (datasketch storage / Redis basename; the memory backend's buckets are rebuilt
+  from the signatures, so a refresh writes the same bytes as a cold run of the same key),
   ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
 - ``funnel.json`` and ``funnel.png`` (:mod:`llmpipe.curation.funnel`; rejected reasons
   ``exact_duplicate`` / ``near_duplicate``).
@@ -55,7 +54,7 @@ core = lazy_import("llmpipe.curation.dedup.core")
 # 3: the shared funnel (funnel.json in the filter stages' schema, funnel.png)
 # 4: candidates are edges to each bucket's anchor; near duplicates verified by exact Jaccard vs the keeper
 VERSION = "4"
-INDEX_FORMAT = 2  # 2: memory index as base + deltas
+INDEX_FORMAT = 3  # 2: memory index as base + deltas; 3: memory index rebuilt from the shards' signatures
 
 
 # -- per-shard work (runs in worker processes) --------------------------------------------------------
@@ -204,24 +203,26 @@ class _Ids:
 
 
 def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tuple[Path, dict] | None,
-                   lineage: str) -> tuple[Any, bool]:
-    """(index, loaded): the previous run's LSH when it matches the backend, else a fresh one."""
+                   key: str) -> tuple[Any, bool]:
+    """(index, loaded): the previous run's index when the backend keeps one (external runs linked into
+    ``out_index/bands``, a Redis basename), else a fresh one that the stage fills from signatures."""
     from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
 
     b, r = params["bands"], params["rows"]
-    if cfg.backend == "external":  # the old shards' band runs were linked into out_index/bands
+    if cfg.backend == "external":
         runs = [out_index / "bands" / Path(s["name"]).stem for s in (prev[1]["shards"] if prev else [])]
         if runs and all((d / "keys.npy").is_file() for d in runs):
             return ExternalIndex(runs, b, r, cfg.memory_budget_mb), True
         return ExternalIndex([], b, r, cfg.memory_budget_mb), False
-    storage = None
-    if cfg.backend == "redis":
-        storage = {"type": "redis", "redis": {"host": cfg.redis.host, "port": cfg.redis.port, "db": cfg.redis.db},
-                   "basename": f"{cfg.redis.prefix}:{lineage[:16]}".encode()}
+    if cfg.backend == "memory":
+        return DatasketchIndex.create(cfg.threshold, cfg.num_perm, (b, r), cfg.seed), False
+    storage = {"type": "redis", "redis": {"host": cfg.redis.host, "port": cfg.redis.port, "db": cfg.redis.db}}
     if prev is not None:
-        idx = DatasketchIndex.load(prev[0] / "index", cfg.seed, storage, cfg.threshold, cfg.num_perm, (b, r))
+        idx = DatasketchIndex.load_redis(prev[0] / "index", cfg.seed, storage, cfg.threshold, cfg.num_perm, (b, r))
         if idx is not None:
             return idx, True
+    # a new lineage's buckets: under this artifact's key, which its refreshes keep using
+    storage["basename"] = f"{cfg.redis.prefix}:{key[:16]}".encode()
     return DatasketchIndex.create(cfg.threshold, cfg.num_perm, (b, r), cfg.seed, storage), False
 
 
@@ -242,7 +243,6 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     shards = [{"name": s.name, "sha256": s.sha256, "path": str(s.path)} for s in input_shards(src)]
     prev = find_previous(ctx, params, shards)
     n_old = len(prev[1]["shards"]) if prev else 0
-    lineage = prev[1]["lineage"] if prev else ctx.key
     index_dir = ctx.out / "index"
     (index_dir / "shards").mkdir(parents=True, exist_ok=True)
     ctx.log.info("dedup: %d shards, %d reused from a previous index, bands=%d rows=%d backend=%s",
@@ -290,12 +290,16 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
 
     # 3. exact decisions, then LSH candidates over exact-unique new docs
     t2 = time.perf_counter()
-    index, loaded = _backend_index(cfg, params, index_dir, prev, lineage)
-    if cfg.near and n_old and not loaded:  # previous index from another backend: rebuild from signatures
+    index, loaded = _backend_index(cfg, params, index_dir, prev, ctx.key)
+    if cfg.near and n_old and not loaded:  # the memory index (or another backend's): rebuilt from signatures
         for k, seg in enumerate(sig_store.segments):
             stem = Path(shards[k]["name"]).stem
             uniq = np.flatnonzero(exact_index_mask(index_dir / "shards" / stem / "docs.parquet"))
-            _insert(index, index_dir / "bands" / stem, seg.first + uniq, np.load(seg.path)[uniq], query=False)
+            sigs = np.load(seg.path)[uniq]
+            if cfg.backend == "memory":
+                index.bulk_insert(seg.first + uniq, sigs)
+            else:
+                _insert(index, index_dir / "bands" / stem, seg.first + uniq, sigs, query=False)
     per_shard: list[dict[str, Any]] = []
     edges: list[np.ndarray] = []  # memory / redis: at most `bands` edges per new document
     for s, d in zip(new, sig_dirs, strict=True):
@@ -378,7 +382,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         "edges_verified": int(texts.computed), "seconds": {k: round(v, 3) for k, v in timings.items()},
     })
     sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
-    meta = {"params": params, "lineage": lineage, "backend": cfg.backend,
+    meta = {"params": params, "backend": cfg.backend,
             "shards": [{"name": s["name"], "sha256": s["sha256"], "n": n} for s, n in zip(shards, sizes, strict=True)]}
     (index_dir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return stats
