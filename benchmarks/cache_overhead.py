@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        args.reruns, args.overrides = 1, ["--flow", "data_refresh", *args.overrides]  # curation + tokenize only
+        # curation + tokenize only, on a tenth of the corpus
+        args.reruns, args.overrides = 1, ["--flow", "data_refresh", "ingest.sample=0.1", *args.overrides]
     from flows import prefect_ops
     from llmpipe.processes import free_port
 

@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        args.docs, args.flow = 40, "data_refresh"  # curation + tokenize only
+        args.docs, args.flow = 40, "data_refresh"  # curation + tokenize only, on a tenth of each source
+        args.overrides = ["ingest.sample=0.1", *args.overrides]
 
     import yaml
 

@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        args.overrides = ["train.max_steps=10", *args.overrides]
+        args.overrides = ["train.max_steps=10", "ingest.sample=0.1", *args.overrides]
 
     tmps: list[Path] = []
     try:
