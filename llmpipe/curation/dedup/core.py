@@ -29,6 +29,7 @@ flip an already published decision); the backward rule avoids both.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -141,13 +142,16 @@ class ShingleSets:
                  cached: int = 1024) -> None:
         self.shingle = shingle
         self.files: list[tuple[int, Path]] = []
+        self.firsts: list[int] = []
         self.max_shards, self.max_sets = shards, cached
         self.columns: OrderedDict[int, tuple[list[str], list[str | None]]] = OrderedDict()
         self.sets: OrderedDict[int, frozenset[bytes]] = OrderedDict()
         self.computed = 0  # Jaccard values computed (the stage's ``edges_verified``)
 
     def add(self, first: int, path: Path) -> None:
+        """Register the next shard (in order): its first global index and its path."""
         self.files.append((first, path))
+        self.firsts.append(first)
 
     def _column(self, k: int) -> tuple[list[str], list[str | None]]:
         if k in self.columns:
@@ -172,7 +176,7 @@ class ShingleSets:
         if got is not None:
             self.sets.move_to_end(idx)
             return got
-        k = int(np.searchsorted([f for f, _ in self.files], idx, side="right")) - 1
+        k = bisect.bisect_right(self.firsts, idx) - 1
         texts, langs = self._column(k)
         row = idx - self.files[k][0]
         got = frozenset(self.shingle(texts[row], langs[row]))
