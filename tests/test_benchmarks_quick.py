@@ -72,7 +72,8 @@ def _last_line(out: str) -> str:
 @pytest.mark.parametrize("script", [pytest.param(s, marks=m) for s, (_t, m) in sorted(QUICK.items())])
 def test_quick_run_prints_its_result_line(script: str) -> None:
     timeout = QUICK[script][0]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     r = subprocess.run([sys.executable, str(BENCH / script), "--quick"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=timeout)
     tail = (r.stdout[-2000:] + "\n--- stderr ---\n" + r.stderr[-3000:])
