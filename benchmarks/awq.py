@@ -40,7 +40,10 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--calibration", type=int, default=64, help="calibration sequences")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.calibration = 10, 4  # a few train steps, a few calibration sequences
     torch.set_num_threads(args.threads)
 
     from llmpipe.evaluation.data import load_sequences

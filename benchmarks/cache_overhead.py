@@ -90,7 +90,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reruns", type=int, default=3, help="no-change reruns with the server (median counts)")
     ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        # curation + tokenize only, on a tenth of the corpus
+        args.reruns, args.overrides = 1, ["--flow", "data_refresh", "ingest.sample=0.1", *args.overrides]
     from flows import prefect_ops
     from llmpipe.processes import free_port
 

@@ -51,7 +51,10 @@ def main() -> None:
     ap.add_argument("--model-docs", type=int, default=600, help="documents for the own-model scorer")
     ap.add_argument("--workers", type=int, default=1, help="shard workers of the stage (the loop has one)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of loop and stage")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     a = ap.parse_args()
+    if a.quick:
+        a.docs, a.model_docs, a.rounds = 60, 40, 1
     clock = time.process_time if a.workers == 1 else time.perf_counter
     langs = ("en", "de", "zh")
     root = Path(tempfile.mkdtemp(prefix="llmpipe-bench-coherence-"))

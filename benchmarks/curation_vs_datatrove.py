@@ -211,6 +211,7 @@ def ours_child(shards: Path, work: Path, result: Path) -> None:
     from llmpipe.curation.config import DedupConfig, LangIdConfig, QualityConfig
     from llmpipe.curation.quality import build_quality_filters
     from llmpipe.document import Document, iter_documents, shard_paths
+    from llmpipe.stage import STAGES
     from llmpipe.store import ArtifactStore
 
     store = ArtifactStore(work / "store")
@@ -218,7 +219,7 @@ def ours_child(shards: Path, work: Path, result: Path) -> None:
     w0, c0 = time.perf_counter(), cpu_seconds()
     lid = _run_stage("langid", lid_cfg, {"ingest": shards}, store, work)
     qual = _run_stage("quality", QualityConfig(), {"langid": lid}, store, work)
-    dedup = _run_stage("dedup", DedupConfig(incremental=False), {"safety": qual}, store, work)
+    dedup = _run_stage("dedup", DedupConfig(incremental=False), {STAGES["dedup"].inputs[0]: qual}, store, work)
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
 
     final: dict[str, str | None] = {**_rejected(lid, "langid"), **_rejected(qual, None), **_rejected(dedup, "dedup")}
@@ -397,7 +398,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=20000)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs = 300
     if args.child:
         ours_child(Path(args.child[0]), Path(args.child[1]), Path(args.child[2]))
         return

@@ -82,7 +82,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=8000)
     ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.shards = 400, 2
     tmp = Path(tempfile.mkdtemp(prefix="llmpipe-dask-bench-"))
     try:
         make_corpus(tmp / "corpus", args.docs, args.shards)

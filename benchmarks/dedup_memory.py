@@ -70,8 +70,9 @@ def child(corpus: str, backend: str, budget: float, store: str) -> None:
     st = ArtifactStore(store)
     out = Path(store) / "out"
     out.mkdir()
+    src = STAGES["dedup"].inputs[0]  # the stage's one input (its upstream stage's name)
     ctx = StageContext(spec=STAGES["dedup"], config=cfg, pipeline=None, key=f"bench-{backend}", out=out,
-                       inputs={"safety": Path(corpus)}, input_keys={"safety": "x"}, store=st, executor=LocalExecutor(1))
+                       inputs={src: Path(corpus)}, input_keys={src: "x"}, store=st, executor=LocalExecutor(1))
     t = time.perf_counter()
     stats = STAGES["dedup"].fn(ctx)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -83,7 +84,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="20000,80000,320000")
     ap.add_argument("--budget-mb", type=float, default=16)
     ap.add_argument("--child", nargs=4)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     a = ap.parse_args()
+    if a.quick:
+        a.sizes, a.budget_mb = "1000,2000", 1
     if a.child:
         child(a.child[0], a.child[1], float(a.child[2]), a.child[3])
         return

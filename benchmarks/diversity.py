@@ -74,7 +74,10 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[25_000, 50_000, 100_000])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process of one size
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     a = ap.parse_args()
+    if a.quick:
+        a.sizes, a.workers = [300, 600], 1
     if a.one:
         print(json.dumps(one(a.one, a.workers)))
         return

@@ -52,7 +52,10 @@ def make_docs(n: int, seed: int = 0) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=400)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs = 40
     import torch
     from transformers import pipeline
 

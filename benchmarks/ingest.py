@@ -71,7 +71,10 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="interleaved runs of each side; the best counts")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.mb, args.workers = 2, 1
     import datasets  # noqa: F401 - imports are not throughput: load both sides' modules before timing
 
     from llmpipe.pipeline import load_stages

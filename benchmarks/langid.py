@@ -72,7 +72,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--docs", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.repeats = 200, 1
     texts = make_docs(args.docs)
     bench_raw(texts[:200]), bench_ours(texts[:200])  # warm up (model load, regex compile)
     raws, ourss = [], []

@@ -53,7 +53,11 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=400, help="documents in the extra JSONL source")
     ap.add_argument("--flow", default="lifecycle")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.max_steps=10")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.flow = 40, "data_refresh"  # curation + tokenize only, on a tenth of each source
+        args.overrides = ["ingest.sample=0.1", *args.overrides]
 
     import yaml
 

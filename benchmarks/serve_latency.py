@@ -97,7 +97,10 @@ def main() -> None:
     ap.add_argument("--stream-tokens", type=int, default=8, help="new tokens per streamed request")
     ap.add_argument("--rounds", type=int, default=3, help="alternating 8-client rounds per model")
     ap.add_argument("--chart", type=Path, help="write the streaming latency-against-concurrency chart (PNG) here")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.requests, args.max_tokens, args.short_tokens, args.rounds = 8, 4, 0, 1
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_tiny_checkpoint(Path(tmp) / "ckpt", hidden=args.hidden, layers=args.layers)
         repo = Path(tmp) / "repo"

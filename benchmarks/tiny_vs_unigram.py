@@ -106,7 +106,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="cold runs (each in a new store); times of each")
     ap.add_argument("--steps", type=int, nargs="*", default=[], help="train.max_steps values for the curve")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.max_steps=200")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.overrides = ["train.max_steps=10", "ingest.sample=0.1", *args.overrides]
 
     tmps: list[Path] = []
     try:

@@ -100,7 +100,10 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="shard processes for ours (executor.workers)")
     ap.add_argument("--repeat", type=int, default=5, help="best of N runs per side (interleaved)")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.repeat = 600, 1
     docs = make_docs(args.docs)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -157,7 +157,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of part 1, both sides (0: this "
                     "process's cores; part 2 always uses them all)")
     ap.add_argument("--skip-ddp", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.rounds, args.hidden, args.layers, args.seq = 8, 1, 1, 64, 2, 32
+        args.skip_ddp = True  # part 1 only: the torchrun part starts worker processes for minutes
     if args.steps < args.warmup + 6:  # the last step has no next start: it is not timed
         ap.error(f"--steps ({args.steps}) must leave at least 5 timed steps after --warmup ({args.warmup})")
     cores = len(os.sched_getaffinity(0))  # cpu_count() counts the host's cores, not this process's

@@ -15,6 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
+# no CUDA GPU: one line and exit 2, before anything is built (the test suite checks this refusal on CPU)
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
+  || { echo "benchmarks/gpu/mfu.sh needs a CUDA GPU (torch sees none): nothing measured" >&2; exit 2; }
 STEPS="${1:-40}" PRESETS="${PRESETS:-gpu-125m gpu-1b}" PEER="${PEER:-1}" "$PY" - <<'PYEOF'
 import json, os, statistics, tempfile, time
 from pathlib import Path

@@ -4,26 +4,38 @@ The rule (deterministic, and the reason a refresh equals a full recompute):
 
 - documents are ordered by (shard order, row); a refresh's new shards come after the old ones;
 - a document is an **exact duplicate** if an earlier document has the same normalized-text hash;
-- otherwise it is a **near duplicate** if an earlier, exact-unique document shares an LSH band
-  with it and (with ``verify``) their signatures agree on >= ``threshold`` of the values;
-- its parent is the earliest such document; following parents ends at a kept document, its
-  **keeper**, whose id goes to ``metadata["duplicate_of"]``. Links only point backwards, so the
-  clusters are union-find trees whose root is the cluster's earliest document, and a later
-  document never changes an earlier decision: a refresh only decides its new documents.
+- **candidates**: each exact-unique document ``j`` gets one edge per LSH band whose bucket holds an
+  earlier document: the edge to that bucket's **anchor**, its smallest (earliest) member. So a
+  document has at most ``bands`` edges and a bucket of ``m`` members ``m - 1``: candidates grow
+  linearly with the corpus, where every pair of a bucket grows with its square (2,000 templated
+  pages: ~2,000 edges instead of ~2 million pairs). The anchor is the minimum of the bucket, so a
+  later document never changes an earlier document's edges;
+- **clusters** are union-find sets whose root, the **keeper**, is the set's earliest document.
+  Documents are decided in order: ``j``'s candidate keepers are the keepers of its anchors, and
+  ``j`` joins the set of the smallest candidate keeper ``k`` whose **exact Jaccard** with it (of
+  the two documents' shingle sets, recomputed from their texts) is >= ``threshold``: it is a **near
+  duplicate** and ``metadata["duplicate_of"]`` is ``k``. With ``verify: false`` the smallest
+  candidate keeper is taken without the Jaccard;
+- a document that verifies against none of its candidate keepers **stays** (it is kept and becomes
+  the keeper of a set of its own, which later documents can join). So every removed document has
+  Jaccard >= ``threshold`` with a kept document, and a document is never removed for resembling
+  a document that was itself removed.
 
-Plain union-find over undirected pairs would let one new document bridge two clusters whose
-keepers are unrelated (and flip an already published decision); the backward rule avoids both.
+Links only point backwards and a decision reads only earlier decisions, so a later document never
+changes an earlier decision: a refresh only decides its new documents. Plain union-find over
+undirected pairs would let one new document bridge two clusters whose keepers are unrelated (and
+flip an already published decision); the backward rule avoids both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from llmpipe.curation.dedup.lsh import signature_agreement
 
 KEPT, EXACT, NEAR = 0, 1, 2
 REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
@@ -100,38 +112,113 @@ class ExactIndex:
         return target
 
 
-def resolve_parents(new_idx: np.ndarray, pairs: np.ndarray, sigs: SigStore, threshold: float,
-                    verify: bool, batch: int = 1 << 16) -> tuple[np.ndarray, int]:
-    """Earliest verified earlier neighbour of each new exact-unique doc (-1: none); pairs verified."""
-    parent = np.full(len(new_idx), -1, dtype=np.int64)
-    if not len(pairs):
-        return parent, 0
-    verified = 0
-    for s in range(0, len(pairs), batch):
-        chunk = pairs[s : s + batch]
-        if verify:
-            agree = signature_agreement(sigs.gather(chunk[:, 0]), sigs.gather(chunk[:, 1]))
-            chunk = chunk[agree >= threshold - 1e-12]
-        verified += len(chunk)
+
+def anchor_edges(keys: np.ndarray, docs: np.ndarray, first_new: int) -> np.ndarray:
+    """(j, anchor) for every bucket record of a new document ``j >= first_new`` that is not its
+    bucket's anchor; records sorted by (key, doc), so each bucket's first record is its anchor."""
+    if not len(keys):
+        return np.zeros((0, 2), np.int64)
+    starts = np.concatenate(([True], keys[1:] != keys[:-1]))
+    anchor = docs[np.flatnonzero(starts)][np.cumsum(starts) - 1]
+    sel = (docs >= first_new) & (docs != anchor)
+    return unique_edges(np.stack([docs[sel], anchor[sel]], axis=1))
+
+
+def unique_edges(edges: np.ndarray) -> np.ndarray:
+    """Distinct (j, anchor) rows sorted by j then anchor (one edge however many bands agree)."""
+    return np.unique(edges, axis=0) if len(edges) else np.zeros((0, 2), np.int64)
+
+
+class ShingleSets:
+    """Exact Jaccard of two documents by global index: shingle sets recomputed from their texts.
+
+    The texts come from the shards (``(first, path)`` per shard); at most ``shards`` shards' text
+    columns and ``cached`` keepers' shingle sets are held (least recently used dropped first), so
+    memory stays bounded whatever the corpus: keepers recur (a boilerplate cluster's keeper is every
+    member's candidate) and are cached; members are read once, in order, and not cached.
+    """
+
+    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], shards: int = 4,
+                 cached: int = 1024) -> None:
+        self.shingle = shingle
+        self.files: list[tuple[int, Path]] = []
+        self.firsts: list[int] = []
+        self.max_shards, self.max_sets = shards, cached
+        self.columns: OrderedDict[int, tuple[list[str], list[str | None]]] = OrderedDict()
+        self.sets: OrderedDict[int, frozenset[bytes]] = OrderedDict()
+        self.computed = 0  # Jaccard values computed (the stage's ``edges_verified``)
+
+    def add(self, first: int, path: Path) -> None:
+        """Register the next shard (in order): its first global index and its path."""
+        self.files.append((first, path))
+        self.firsts.append(first)
+
+    def _column(self, k: int) -> tuple[list[str], list[str | None]]:
+        if k in self.columns:
+            self.columns.move_to_end(k)
+            return self.columns[k]
+        import pyarrow.parquet as pq
+
+        from llmpipe.document import load_metadata
+
+        t = pq.read_table(self.files[k][1], columns=["text", "metadata"])
+        langs = []
+        for m in t.column("metadata").to_pylist():
+            lang = load_metadata(m).get("lang") if m else None
+            langs.append(lang if isinstance(lang, str) else None)
+        self.columns[k] = (t.column("text").to_pylist(), langs)
+        if len(self.columns) > self.max_shards:
+            self.columns.popitem(last=False)
+        return self.columns[k]
+
+    def get(self, idx: int, cache: bool = True) -> frozenset[bytes]:
+        got = self.sets.get(idx)
+        if got is not None:
+            self.sets.move_to_end(idx)
+            return got
+        k = bisect.bisect_right(self.firsts, idx) - 1
+        texts, langs = self._column(k)
+        row = idx - self.files[k][0]
+        got = frozenset(self.shingle(texts[row], langs[row]))
+        if cache:
+            self.sets[idx] = got
+            if len(self.sets) > self.max_sets:
+                self.sets.popitem(last=False)
+        return got
+
+    def jaccard(self, a: int, b: int) -> float:
+        """Exact Jaccard of document ``a`` (read once: not cached) and keeper ``b`` (cached)."""
+        self.computed += 1
+        sa, sb = self.get(a, cache=False), self.get(b)
+        if not sa and not sb:
+            return 1.0
+        inter = len(sa & sb) if len(sa) <= len(sb) else len(sb & sa)
+        return inter / (len(sa) + len(sb) - inter)
+
+
+def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int], keepers: np.ndarray,
+                first_new: int, jaccard: Callable[[int, int], float] | None, threshold: float) -> int:
+    """Set ``keepers[j - first_new]`` of each new document ``j`` with edges that joins a set; returns the edges seen.
+
+    ``keepers``: by global index - ``first_new``, each new document's own index on entry.
+    ``edges``: (j, anchor) arrays in ascending j (each array sorted, arrays in order, no j split
+    across arrays), as :func:`anchor_edges` gives them; ``jaccard`` None: unverified (``verify:
+    false``). See the module docstring for the rule. Documents without an edge keep themselves.
+    """
+    def keeper(i: int) -> int:
+        return int(keepers[i - first_new]) if i >= first_new else keeper_of_old(i)
+
+    seen = 0
+    for chunk in edges:
+        seen += len(chunk)
         if not len(chunk):
             continue
-        pos = np.searchsorted(new_idx, chunk[:, 0])
-        cur = parent[pos]
-        better = (cur < 0) | (chunk[:, 1] < cur)
-        # several pairs may hit one doc in a chunk: keep the minimum with a sort
-        sel = np.flatnonzero(better)
-        order = np.lexsort((chunk[sel, 1], pos[sel]))
-        p_sorted, i_sorted = pos[sel][order], chunk[sel, 1][order]
-        firsts = np.concatenate(([True], p_sorted[1:] != p_sorted[:-1])) if len(p_sorted) else []
-        parent[p_sorted[firsts]] = i_sorted[firsts]
-    return parent, verified
-
-
-def assign_keepers(new_idx: np.ndarray, parent: np.ndarray, old_keeper: Callable[[int], int]) -> np.ndarray:
-    """Keeper of each new exact-unique doc: itself, or its parent's keeper (parents are earlier)."""
-    keeper = new_idx.copy()
-    for k in np.flatnonzero(parent >= 0):
-        p = int(parent[k])
-        kp = int(np.searchsorted(new_idx, p))
-        keeper[k] = keeper[kp] if kp < len(new_idx) and new_idx[kp] == p else old_keeper(p)
-    return keeper
+        js = chunk[:, 0]
+        bounds = np.flatnonzero(np.concatenate(([True], js[1:] != js[:-1], [True])))
+        for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            j = int(js[s])
+            for k in sorted({keeper(int(a)) for a in chunk[s:e, 1]}):
+                if jaccard is None or jaccard(j, k) >= threshold - 1e-12:
+                    keepers[j - first_new] = k
+                    break
+    return seen

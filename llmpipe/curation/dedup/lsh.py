@@ -1,15 +1,18 @@
 """LSH candidate search over MinHash signatures: datasketch (memory or Redis) or out-of-core on disk.
 
 Every backend answers the same question for a batch of new documents with global indexes
-``first .. first + n - 1``: which pairs ``(j, i)``, ``j`` new and ``i < j`` (old or new), share at
-least one LSH band? datasketch keys buckets by the band's bytes; the external backend by a 64-bit
-hash of them (a spurious 64-bit collision is ~n^2/2^64 and is then caught by verification).
+``first .. first + n - 1``: for each new ``j`` and each LSH band, the **anchor** of ``j``'s bucket
+(its smallest member) when that is an earlier document: edges ``(j, anchor)``, at most ``bands``
+per document however large a bucket grows (see :mod:`llmpipe.curation.dedup.core`). datasketch
+keys buckets by the band's bytes; the external backend by a 64-bit hash of them (a spurious 64-bit
+collision is ~n^2/2^64 and is then caught by verification).
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +22,7 @@ import numpy as np
 from datasketch import LeanMinHash, MinHashLSH
 
 from llmpipe.curation.dedup import datasketch_adapter as ds
-from llmpipe.files import link_file
+from llmpipe.curation.dedup.core import anchor_edges, unique_edges
 from llmpipe.memory import gc_paused
 
 _U64 = np.uint64
@@ -55,37 +58,31 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return out
 
 
-def signature_agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Estimated Jaccard of row pairs: the share of equal signature values."""
-    return (a == b).mean(axis=1) if len(a) else np.zeros(0)
-
-
 # -- datasketch backends ---------------------------------------------------------------------------
 
-BASE_FILE = "lsh.pkl"
-COMPACT_RATIO = 0.25  # rewrite the base when its deltas hold more than this share of its documents
-# Unpickling or filling a ``MinHashLSH`` allocates ~2 acyclic containers per (document, band): with the
-# cyclic GC on, its repeated full collections over the growing heap cost ~8x the load itself, so every
-# bulk insert and load below runs under ``gc_paused``.
+# Filling a ``MinHashLSH`` allocates ~2 acyclic containers per (document, band): with the cyclic GC
+# on, its repeated full collections over the growing heap cost ~8x the inserts themselves, so every
+# bulk insert below runs under ``gc_paused``.
 
 
 class DatasketchIndex:
     """``MinHashLSH`` over ``LeanMinHash`` keyed by global document index (dict or Redis storage).
 
-    The dict storage persists as a base pickle of the whole ``MinHashLSH`` plus append-only delta
-    files (the global indexes and band values of the documents each later run inserted): a refresh
-    links the previous base and deltas, loads them, and writes only its own delta, so it never
-    re-pickles the corpus. When the deltas outgrow ``COMPACT_RATIO`` of the base, the run rewrites
-    the base (amortized: one O(corpus) dump per ~``COMPACT_RATIO`` growth of the index). Loading
-    is still O(corpus): an in-memory index must hold every old document's buckets.
+    The dict storage is not persisted as such: ``index/lsh.json`` records the storage, and a refresh
+    rebuilds the index from the previous artifact's per-shard signatures (``index/shards/*/sig.npy``,
+    exact-unique rows) with :meth:`bulk_insert`. So the index files are a function of the input
+    shards alone, and a refresh writes the same bytes as a cold run of the same key (a pickle of the
+    whole index, or one delta file per refresh, would depend on the run history). Loading is
+    O(corpus), as unpickling was: an in-memory index must hold every old document's buckets.
+    Redis storage lives in the server under ``basename`` (recorded in ``lsh.json``), which a refresh
+    reuses.
     """
 
-    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any], src: Path | None = None) -> None:
+    def __init__(self, lsh: MinHashLSH, seed: int, meta: dict[str, Any]) -> None:
         self.lsh, self.seed, self.meta = lsh, seed, meta
-        self.src = src  # the directory the base and deltas were loaded from (None: a fresh index)
         self.inserts = 0
         self.queries = 0
-        self._new: list[tuple[np.ndarray, np.ndarray]] = []  # (idx, band values) inserted by this run
+        self._anchors: dict[tuple[int, bytes], int] = {}  # (band, bucket key) -> its smallest member
 
     @classmethod
     def create(cls, threshold: float, num_perm: int, params: tuple[int, int], seed: int,
@@ -104,31 +101,37 @@ class DatasketchIndex:
         return ds.lean(row, self.seed)
 
     def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
-        """Insert docs ``idx`` (ascending), then query each: pairs (j, i) with i < j, shape (m, 2)."""
+        """Insert docs ``idx`` (ascending), then their anchor edges ``(j, anchor < j)``, shape (m, 2).
+
+        A bucket's anchor is the minimum of its members (``hashtables[band].get(key)``), computed
+        once per bucket and run and cached: later inserts into it are larger, so it never changes.
+        """
         with gc_paused(), self.lsh.insertion_session(buffer_size=10_000) as session:
             for k in range(len(sigs)):
                 session.insert(int(idx[k]), self._lean(sigs[k]), check_duplication=False)
         self.inserts += len(sigs)
-        if self.meta["storage"]["type"] == "dict" and len(sigs):
-            self._new.append((np.asarray(idx, np.int64), np.ascontiguousarray(sigs[:, : self._banded])))
-        js: list[int] = []
-        is_: list[int] = []
-        if not query:
+        if not query or not len(sigs):
             return np.zeros((0, 2), np.int64)
-        for k in range(len(sigs)):
-            j = int(idx[k])
-            for i in self.lsh.query(self._lean(sigs[k])):
-                if i < j:
-                    js.append(j)
-                    is_.append(int(i))
+        js: list[int] = []
+        anchors: list[int] = []
+        for band, (keys, table) in enumerate(zip(ds.bucket_keys(self.lsh, sigs), self.lsh.hashtables, strict=True)):
+            for k, key in enumerate(keys):
+                a = self._anchors.get((band, key))
+                if a is None:
+                    members = table.get(key)
+                    a = min(pickle.loads(m) for m in members) if self.lsh.prepickle else min(members)
+                    self._anchors[(band, key)] = a
+                if a < idx[k]:
+                    js.append(int(idx[k]))
+                    anchors.append(int(a))
         self.queries += len(sigs)
-        return np.array([js, is_], dtype=np.int64).T.reshape(-1, 2)
+        return unique_edges(np.array([js, anchors], dtype=np.int64).T.reshape(-1, 2))
 
     def bulk_insert(self, idx: np.ndarray, bands: np.ndarray) -> None:
         """Insert without a query, straight into the dict storage: what ``MinHashLSH.insert`` stores.
 
-        Used to replay deltas: ``insert`` builds a ``LeanMinHash`` per document and byteswaps each
-        band separately; :func:`datasketch_adapter.bulk_insert` computes every bucket key with one
+        Used to rebuild the index of a refresh's old shards: ``insert`` builds a ``LeanMinHash`` per
+        document and byteswaps each band separately; :func:`datasketch_adapter.bulk_insert` computes every bucket key with one
         numpy byteswap. The first document goes through ``insert``, so datasketch records the
         scheme of an empty index (or checks it against a loaded one's). Tests check that the tables
         equal those ``insert`` builds.
@@ -143,31 +146,8 @@ class DatasketchIndex:
             ds.bulk_insert(lsh, [int(k) for k in idx[1:]], bands[1:])
 
     def save(self, index_dir: Path) -> None:
-        """Dict storage: link the base and deltas, add this run's delta, or compact into a new base."""
-        if self.meta["storage"]["type"] == "dict":
-            self._save_dict(index_dir)
+        """``lsh.json``: the storage (and the Redis basename); the buckets are rebuilt from signatures."""
         (index_dir / "lsh.json").write_text(json.dumps(self.meta, sort_keys=True))
-
-    def _save_dict(self, index_dir: Path) -> None:
-        base = self.meta.get("base")
-        deltas = list(self.meta.get("deltas", []))
-        new_docs = sum(len(i) for i, _ in self._new)
-        if base is None or self.src is None or sum(d["docs"] for d in deltas) + new_docs > COMPACT_RATIO * base["docs"]:
-            with open(index_dir / BASE_FILE, "wb") as f:
-                pickle.dump(self.lsh, f, protocol=pickle.HIGHEST_PROTOCOL)
-            self.meta.update(base={"file": BASE_FILE, "docs": len(self.lsh.keys)}, deltas=[])
-            self._new.clear()
-            return
-        for rel in [base["file"]] + [d["file"] for d in deltas]:
-            if self.src.resolve() != index_dir.resolve():
-                link_file(self.src / rel, index_dir / rel)
-        if new_docs:
-            name = f"lsh-delta-{len(deltas):05d}.npz"
-            np.savez(index_dir / name, idx=np.concatenate([i for i, _ in self._new]),
-                     bands=np.concatenate([b for _, b in self._new]))
-            deltas.append({"file": name, "docs": new_docs})
-        self.meta["deltas"] = deltas
-        self._new.clear()
 
     def close(self) -> None:
         """Free a dict index's buckets now, by reference counting (see ``datasketch_adapter.free``)."""
@@ -175,26 +155,16 @@ class DatasketchIndex:
             ds.free(self.lsh)
 
     @classmethod
-    def load(cls, index_dir: Path, seed: int, storage: dict[str, Any] | None, threshold: float,
-             num_perm: int, params: tuple[int, int]) -> DatasketchIndex | None:
-        """The previous run's index, or None when it was built by another backend."""
+    def load_redis(cls, index_dir: Path, seed: int, storage: dict[str, Any], threshold: float,
+                   num_perm: int, params: tuple[int, int]) -> DatasketchIndex | None:
+        """The previous run's Redis index (its basename), or None when it was built by another backend."""
         meta_path = index_dir / "lsh.json"
         if not meta_path.is_file():
             return None
         meta = json.loads(meta_path.read_text())
-        want = (storage or {"type": "dict"})["type"]
-        if meta["storage"]["type"] != want:
+        if meta["storage"]["type"] != "redis":
             return None
-        if want != "dict":
-            cfg = dict(storage or {})
-            cfg["basename"] = meta["basename"].encode()
-            return cls.create(threshold, num_perm, params, seed, cfg)
-        with gc_paused(), open(index_dir / meta["base"]["file"], "rb") as f:
-            index = cls(pickle.load(f), seed, meta, src=index_dir)
-        for d in meta.get("deltas", []):
-            with np.load(index_dir / d["file"]) as z:
-                index.bulk_insert(z["idx"], z["bands"])
-        return index
+        return cls.create(threshold, num_perm, params, seed, {**storage, "basename": meta["basename"].encode()})
 
 
 # -- out-of-core backend ---------------------------------------------------------------------------
@@ -253,36 +223,35 @@ class ExternalIndex:
             return np.zeros(0, np.uint64), np.zeros(0, np.int64)
         return np.concatenate(keys), np.concatenate(docs)
 
-    def query_new(self, first_new: int) -> Iterator[np.ndarray]:
-        """Per key range: pairs (j, i), j >= first_new, i < j, sharing a bucket (deduplicated)."""
-        for lo, hi in self._ranges(self.partitions()):
+    def query_new(self, first_new: int, last: int, spill: Path) -> Iterator[np.ndarray]:
+        """Anchor edges ``(j, anchor)`` of the new docs ``first_new <= j < last``, in ascending ``j``.
+
+        Each key range's edges are spilled to ``spill`` split by blocks of ``j`` sized to the
+        budget; then each block's files are merged and yielded in turn, so neither the records
+        nor the edges are ever all in memory (a document has at most ``bands`` edges).
+        """
+        block = max(1, self.budget // (self.bands * self.RECORD_BYTES * 4))
+        spill.mkdir(parents=True, exist_ok=True)
+        for p, (lo, hi) in enumerate(self._ranges(self.partitions())):
             keys, docs = self._load_range(lo, hi)
             if len(keys) < 2:
                 continue
             order = np.lexsort((docs, keys))
-            keys, docs = keys[order], docs[order]
-            starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-            sizes = np.diff(np.append(starts, len(keys)))
-            pairs = _bucket_pairs(docs, starts, sizes, first_new)
-            if len(pairs):
-                yield np.unique(pairs, axis=0)
+            edges = anchor_edges(keys[order], docs[order], first_new)
+            del keys, docs, order
+            if not len(edges):
+                continue
+            blocks = (edges[:, 0] - first_new) // block
+            order = np.argsort(blocks, kind="stable")
+            edges, blocks = edges[order], blocks[order]
+            cuts = np.flatnonzero(np.concatenate(([True], blocks[1:] != blocks[:-1]))).tolist()
+            for s, e in zip(cuts, [*cuts[1:], len(blocks)], strict=True):
+                np.save(spill / f"{int(blocks[s]):08d}-{p:06d}.npy", edges[s:e])
         self.queries += 1
-
-
-def _bucket_pairs(docs: np.ndarray, starts: np.ndarray, sizes: np.ndarray, first_new: int) -> np.ndarray:
-    """All (j, i) with j new and i < j inside each bucket (docs sorted within a bucket)."""
-    multi = sizes > 1
-    starts, sizes = starts[multi], sizes[multi]
-    if not len(starts):
-        return np.zeros((0, 2), np.int64)
-    last = docs[starts + sizes - 1]
-    keep = last >= first_new  # a bucket with no new document yields nothing new
-    starts, sizes = starts[keep], sizes[keep]
-    out = []
-    for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
-        members = docs[s : s + n]
-        lo, hi = np.triu_indices(n, k=1)  # lo < hi positions; members are ascending
-        pair = np.stack([members[hi], members[lo]], axis=1)  # (j, i) with i < j
-        pair = pair[(pair[:, 0] >= first_new) & (pair[:, 0] != pair[:, 1])]
-        out.append(pair)
-    return np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+        for b in range(-(-(last - first_new) // block)):
+            files = sorted(spill.glob(f"{b:08d}-*.npy"))
+            if files:
+                yield unique_edges(np.concatenate([np.load(f) for f in files]))
+                for f in files:
+                    f.unlink()
+        shutil.rmtree(spill, ignore_errors=True)

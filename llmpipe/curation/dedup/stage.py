@@ -8,9 +8,8 @@ Artifact layout (under the stage's output directory):
   ``duplicate_of``;
 - ``index/meta.json`` (parameters + the ordered input shards with their sha256),
   ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
-  ``index/lsh.pkl`` + ``index/lsh-delta-*.npz`` (memory backend: a base pickle of the ``MinHashLSH``
-  and the documents each later run added), ``index/lsh.json`` (datasketch storage, base and deltas
-  / Redis basename),
+  ``index/lsh.json`` (datasketch storage / Redis basename; the memory backend's buckets are rebuilt
+  from the signatures, so a refresh writes the same bytes as a cold run of the same key),
   ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
 - ``funnel.json`` and ``funnel.png`` (:mod:`llmpipe.curation.funnel`; rejected reasons
   ``exact_duplicate`` / ``near_duplicate``).
@@ -23,12 +22,13 @@ documents against the persisted index (see :mod:`llmpipe.curation.dedup.core` fo
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.curation.dedup.text import exact_hash, normalize
+from llmpipe.curation.dedup.text import exact_hash, normalize, shingles
 from llmpipe.curation.funnel import report_funnel
 from llmpipe.document import (
     REJECTED,
@@ -52,8 +52,9 @@ core = lazy_import("llmpipe.curation.dedup.core")
 
 # 2: an empty kept shard has no row group (`datasets` reads it); unchanged shards linked
 # 3: the shared funnel (funnel.json in the filter stages' schema, funnel.png)
-VERSION = "3"
-INDEX_FORMAT = 2  # 2: memory index as base + deltas
+# 4: candidates are edges to each bucket's anchor; near duplicates verified by exact Jaccard vs the keeper
+VERSION = "4"
+INDEX_FORMAT = 3  # 2: memory index as base + deltas; 3: memory index rebuilt from the shards' signatures
 
 
 # -- per-shard work (runs in worker processes) --------------------------------------------------------
@@ -202,24 +203,26 @@ class _Ids:
 
 
 def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tuple[Path, dict] | None,
-                   lineage: str) -> tuple[Any, bool]:
-    """(index, loaded): the previous run's LSH when it matches the backend, else a fresh one."""
+                   key: str) -> tuple[Any, bool]:
+    """(index, loaded): the previous run's index when the backend keeps one (external runs linked into
+    ``out_index/bands``, a Redis basename), else a fresh one that the stage fills from signatures."""
     from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
 
     b, r = params["bands"], params["rows"]
-    if cfg.backend == "external":  # the old shards' band runs were linked into out_index/bands
+    if cfg.backend == "external":
         runs = [out_index / "bands" / Path(s["name"]).stem for s in (prev[1]["shards"] if prev else [])]
         if runs and all((d / "keys.npy").is_file() for d in runs):
             return ExternalIndex(runs, b, r, cfg.memory_budget_mb), True
         return ExternalIndex([], b, r, cfg.memory_budget_mb), False
-    storage = None
-    if cfg.backend == "redis":
-        storage = {"type": "redis", "redis": {"host": cfg.redis.host, "port": cfg.redis.port, "db": cfg.redis.db},
-                   "basename": f"{cfg.redis.prefix}:{lineage[:16]}".encode()}
+    if cfg.backend == "memory":
+        return DatasketchIndex.create(cfg.threshold, cfg.num_perm, (b, r), cfg.seed), False
+    storage = {"type": "redis", "redis": {"host": cfg.redis.host, "port": cfg.redis.port, "db": cfg.redis.db}}
     if prev is not None:
-        idx = DatasketchIndex.load(prev[0] / "index", cfg.seed, storage, cfg.threshold, cfg.num_perm, (b, r))
+        idx = DatasketchIndex.load_redis(prev[0] / "index", cfg.seed, storage, cfg.threshold, cfg.num_perm, (b, r))
         if idx is not None:
             return idx, True
+    # a new lineage's buckets: under this artifact's key, which its refreshes keep using
+    storage["basename"] = f"{cfg.redis.prefix}:{key[:16]}".encode()
     return DatasketchIndex.create(cfg.threshold, cfg.num_perm, (b, r), cfg.seed, storage), False
 
 
@@ -240,7 +243,6 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     shards = [{"name": s.name, "sha256": s.sha256, "path": str(s.path)} for s in input_shards(src)]
     prev = find_previous(ctx, params, shards)
     n_old = len(prev[1]["shards"]) if prev else 0
-    lineage = prev[1]["lineage"] if prev else ctx.key
     index_dir = ctx.out / "index"
     (index_dir / "shards").mkdir(parents=True, exist_ok=True)
     ctx.log.info("dedup: %d shards, %d reused from a previous index, bands=%d rows=%d backend=%s",
@@ -288,15 +290,18 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
 
     # 3. exact decisions, then LSH candidates over exact-unique new docs
     t2 = time.perf_counter()
-    index, loaded = _backend_index(cfg, params, index_dir, prev, lineage)
-    if cfg.near and n_old and not loaded:  # previous index from another backend: rebuild from signatures
+    index, loaded = _backend_index(cfg, params, index_dir, prev, ctx.key)
+    if cfg.near and n_old and not loaded:  # the memory index (or another backend's): rebuilt from signatures
         for k, seg in enumerate(sig_store.segments):
             stem = Path(shards[k]["name"]).stem
             uniq = np.flatnonzero(exact_index_mask(index_dir / "shards" / stem / "docs.parquet"))
-            _insert(index, index_dir / "bands" / stem, seg.first + uniq, np.load(seg.path)[uniq], query=False)
+            sigs = np.load(seg.path)[uniq]
+            if cfg.backend == "memory":
+                index.bulk_insert(seg.first + uniq, sigs)
+            else:
+                _insert(index, index_dir / "bands" / stem, seg.first + uniq, sigs, query=False)
     per_shard: list[dict[str, Any]] = []
-    new_unique: list[np.ndarray] = []
-    pairs: list[np.ndarray] = []
+    edges: list[np.ndarray] = []  # memory / redis: at most `bands` edges per new document
     for s, d in zip(new, sig_dirs, strict=True):
         stem = Path(s["name"]).stem
         hashes = np.load(d / "exact.npy")
@@ -308,23 +313,31 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         if cfg.near and len(uniq):
             got = _insert(index, index_dir / "bands" / stem, first + uniq, np.load(d / "sig.npy")[uniq], query=True)
             if got is not None and len(got):
-                pairs.append(got)
-        new_unique.append(first + uniq)
+                edges.append(got)
         per_shard.append({"shard": s, "stem": stem, "dir": d, "first": first, "n": n, "target": target,
                           "hashes": hashes})
         first += n
-    if cfg.near and isinstance(index, ExternalIndex):
-        pairs.extend(index.query_new(n_old_docs))
     timings["lsh"] = time.perf_counter() - t2
 
-    # 4. parents and keepers
+    # 4. clusters: each new doc joins the first verified keeper among its anchors' keepers (core's rule)
     t3 = time.perf_counter()
-    new_idx = np.concatenate(new_unique) if new_unique else np.zeros(0, np.int64)
-    all_pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
-    parent, verified = core.resolve_parents(new_idx, all_pairs, sig_store, cfg.threshold, cfg.verify)
-    keeper_u = core.assign_keepers(new_idx, parent, lambda i: int(old_keeper_arr[i]))
     keeper_new = np.arange(n_old_docs, first, dtype=np.int64)  # by (global index - n_old_docs)
-    keeper_new[new_idx - n_old_docs] = keeper_u
+    texts = core.ShingleSets(lambda text, lang: shingles(
+        text, word_ngram=params["word_ngram"], char_ngram=params["char_ngram"], lang=lang,
+        char_ratio=params["char_script_ratio"]))
+    start = 0
+    for s, size in zip(shards, [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard],
+                       strict=True):
+        texts.add(start, Path(s["path"]))
+        start += size
+    with tempfile.TemporaryDirectory(prefix=".tmp-edges-", dir=ctx.out) as spill:
+        if cfg.near and isinstance(index, ExternalIndex):
+            stream = index.query_new(n_old_docs, first, Path(spill))
+        else:
+            stream = iter(edges)
+        n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
+                                   texts.jaccard if cfg.verify else None, cfg.threshold)
+    edges.clear()
 
     def keeper_of(i: int) -> int:
         return int(old_keeper_arr[i]) if i < n_old_docs else int(keeper_new[i - n_old_docs])
@@ -365,11 +378,11 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     stats.update({
         "shards": len(shards), "shards_reused": n_old, "new_docs": first - n_old_docs,
         "bands": params["bands"], "rows": params["rows"], "backend": cfg.backend,
-        "lsh_inserts": index.inserts, "lsh_queries": index.queries, "pairs_candidate": int(len(all_pairs)),
-        "pairs_verified": int(verified), "seconds": {k: round(v, 3) for k, v in timings.items()},
+        "lsh_inserts": index.inserts, "lsh_queries": index.queries, "edges_candidate": int(n_edges),
+        "edges_verified": int(texts.computed), "seconds": {k: round(v, 3) for k, v in timings.items()},
     })
     sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
-    meta = {"params": params, "lineage": lineage, "backend": cfg.backend,
+    meta = {"params": params, "backend": cfg.backend,
             "shards": [{"name": s["name"], "sha256": s["sha256"], "n": n} for s, n in zip(shards, sizes, strict=True)]}
     (index_dir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return stats

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from datasketch import MinHashLSH
 
+from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup import datasketch_adapter as ds
 from llmpipe.curation.dedup.lsh import lsh_params
 
@@ -41,7 +42,9 @@ def test_optimal_params_are_minhashlsh_own(threshold: float, num_perm: int, fp: 
 
 def test_default_config_params_unchanged() -> None:
     # the dedup artifact key holds (bands, rows): a change here re-keys every dedup artifact
-    assert lsh_params(0.8, 256, None, None, 0.1, 0.9) == (23, 11), "datasketch's optimum for the default config changed"
+    cfg = DedupConfig()
+    got = lsh_params(cfg.threshold, cfg.num_perm, None, None, cfg.false_positive_weight, cfg.false_negative_weight)
+    assert got == (28, 9), "datasketch's optimum for the default config changed"
 
 
 def test_optimal_params_below_two_bands_falls_back() -> None:
