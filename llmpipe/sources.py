@@ -19,8 +19,9 @@ from typing import Any
 from llmpipe.store import hash_json, sha256_file
 
 BUILTIN_PREFIX = "builtin:"
-_TEXT_EXT = (".txt", ".md", ".rst", ".text")
-_JSONL_EXT = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson")
+_COMPRESSED = ("", ".gz", ".zst")  # ingest reads each of these text and JSON formats plain, gzip or zstd
+_TEXT_EXT = tuple(e + c for e in (".txt", ".md", ".rst", ".text") for c in _COMPRESSED)
+_JSONL_EXT = tuple(e + c for e in (".jsonl", ".json", ".ndjson") for c in _COMPRESSED)
 _PARQUET_EXT = (".parquet", ".pq")
 UNKNOWN = "unknown"  # the format of a file whose type its name does not tell (quarantined, by config)
 _lock = threading.Lock()

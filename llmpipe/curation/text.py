@@ -18,7 +18,7 @@ offline. The character sets are derived from Unicode properties rather than hand
 cover every script.
 
 One definition of the scripts written without spaces serves every stage (quality, safety, dedup):
-:data:`UNSPACED_LANGS` (language tags), :func:`unspaced_ranges` / :func:`unspaced_re` (code point
+:data:`UNSPACED_LANGS` (language tags), :data:`UNSPACED_RANGES` / :data:`UNSPACED_RE` (code point
 ranges from the Unicode script properties, for the standard ``re`` module) and
 :func:`is_unspaced_doc` / :func:`unspaced_ratio`.
 """
@@ -53,16 +53,26 @@ def _script_ranges(char_class: str, top: int = 0x40000) -> tuple[tuple[int, int]
     return tuple((ord(m.group()[0]), ord(m.group()[-1])) for m in regex.finditer(f"[{char_class}]+", chars))
 
 
-@lru_cache(maxsize=1)
-def unspaced_ranges() -> tuple[tuple[int, int], ...]:
-    """The unspaced scripts as code point ranges (computed once, ~0.2 s: only code that needs them pays)."""
-    return _script_ranges(_UNSPACED_CLASS)
-
-
-@lru_cache(maxsize=1)
-def unspaced_re() -> re.Pattern[str]:
-    """One character of an unspaced script, as a standard ``re`` pattern (dedup's shingles use ``re``)."""
-    return re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in unspaced_ranges()) + "]")
+# The unspaced scripts' characters as code point ranges (inclusive), for code that matches with the
+# standard ``re`` module (dedup's shingles): the ranges of ``_UNSPACED_CLASS`` under the Unicode
+# version of the ``regex`` module, written out so that no process pays ~0.2 s to derive them (a test
+# derives them again and compares: a newer Unicode that adds characters fails it, naming the new ranges).
+UNSPACED_RANGES: tuple[tuple[int, int], ...] = (
+    (0x02EA, 0x02EB), (0x0E01, 0x0E3A), (0x0E40, 0x0E5B), (0x0E81, 0x0E82), (0x0E84, 0x0E84),
+    (0x0E86, 0x0E8A), (0x0E8C, 0x0EA3), (0x0EA5, 0x0EA5), (0x0EA7, 0x0EBD), (0x0EC0, 0x0EC4),
+    (0x0EC6, 0x0EC6), (0x0EC8, 0x0ECE), (0x0ED0, 0x0ED9), (0x0EDC, 0x0EDF), (0x1000, 0x109F),
+    (0x1780, 0x17DD), (0x17E0, 0x17E9), (0x17F0, 0x17F9), (0x19E0, 0x19FF), (0x2E80, 0x2E99),
+    (0x2E9B, 0x2EF3), (0x2F00, 0x2FD5), (0x3005, 0x3007), (0x3021, 0x3029), (0x3038, 0x303B),
+    (0x3041, 0x3096), (0x309D, 0x309F), (0x30A1, 0x30FA), (0x30FC, 0x30FF), (0x3105, 0x312F),
+    (0x31A0, 0x31BF), (0x31F0, 0x31FF), (0x32D0, 0x32FE), (0x3300, 0x3357), (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF), (0xA9E0, 0xA9FE), (0xAA60, 0xAA7F), (0xF900, 0xFA6D), (0xFA70, 0xFAD9),
+    (0xFF66, 0xFF6F), (0xFF71, 0xFF9D), (0x116D0, 0x116E3), (0x16FE2, 0x16FE3), (0x16FF0, 0x16FF6),
+    (0x1AFF0, 0x1AFF3), (0x1AFF5, 0x1AFFB), (0x1AFFD, 0x1AFFE), (0x1B000, 0x1B128), (0x1B132, 0x1B132),
+    (0x1B150, 0x1B152), (0x1B155, 0x1B155), (0x1B164, 0x1B168), (0x1F200, 0x1F200), (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B81E), (0x2B820, 0x2CEAD), (0x2CEB0, 0x2EBE0), (0x2EBF0, 0x2EE5D), (0x2F800, 0x2FA1D),
+    (0x30000, 0x3134A), (0x31350, 0x33479),
+)
+UNSPACED_RE = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in UNSPACED_RANGES) + "]")
 
 
 def _word_re(unspaced: str) -> regex.Pattern[str]:
@@ -94,7 +104,7 @@ def _tokens(text: str) -> list[str]:
 
 
 _CJK_RE = regex.compile(rf"[{_CJK_CLASS}]")
-_UNSPACED_RE = regex.compile(rf"[{_UNSPACED_CLASS}]")
+_UNSPACED_CHAR = regex.compile(rf"[{_UNSPACED_CLASS}]")
 _KANA_RE = regex.compile(r"[\p{Hiragana}\p{Katakana}]")
 # A sentence ends at terminal punctuation followed by space/end; CJK full-width terminals end one anywhere.
 # An ellipsis ("...") does not end a sentence; "end.Next" (lower, stop, upper) does, as spaCy splits it.
@@ -267,7 +277,7 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     regex; runs of CJK characters are segmented into words by the segmenter :func:`segmenter_lang`
     picks for ``text`` and ``lang``, runs of Thai, Lao, Khmer and Myanmar by ICU."""
     tokens = _tokens(text)
-    runs = [t for t in tokens if _UNSPACED_RE.match(t)]  # one test per token: spaced text pays no more
+    runs = [t for t in tokens if _UNSPACED_CHAR.match(t)]  # one test per token: spaced text pays no more
     if not runs:
         return tuple(tokens)
     cjk = [t for t in runs if _CJK_RE.match(t)]
@@ -276,7 +286,7 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     sea_words = iter(segment_sea(sea))
     words: list[str] = []
     for t in tokens:
-        if not _UNSPACED_RE.match(t):
+        if not _UNSPACED_CHAR.match(t):
             words.append(t)
         elif _CJK_RE.match(t):
             words.extend(next(cjk_words))
@@ -303,7 +313,7 @@ def unspaced_ratio(text: str, sample: int = 4000) -> float:
     """Share of non-space characters from scripts written without spaces (on a prefix sample)."""
     head = text[:sample]
     non_space = sum(1 for c in head if not c.isspace())
-    return len(_UNSPACED_RE.findall(head)) / non_space if non_space else 0.0
+    return len(_UNSPACED_CHAR.findall(head)) / non_space if non_space else 0.0
 
 
 _SEA_SCRIPT_LANGS = (("th", regex.compile(r"\p{Thai}")), ("lo", regex.compile(r"\p{Lao}")),

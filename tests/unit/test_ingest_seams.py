@@ -92,6 +92,22 @@ def test_a_file_of_unknown_type_in_a_folder_is_named_or_quarantined(workdir: Pat
     assert run.stats["quarantine_reasons"] == {"unknown file type": 1}
 
 
+def test_compressed_text_and_ndjson_files_are_known_types(workdir: Path) -> None:
+    """``.txt.gz`` / ``.md.zst`` / ``.ndjson.gz`` were skipped in silence (ingest reads them): now read."""
+    import gzip
+
+    import zstandard
+
+    (workdir / "d").mkdir()
+    (workdir / "d" / "a.txt.gz").write_bytes(gzip.compress(b"a gzipped text file"))
+    (workdir / "d" / "b.md.zst").write_bytes(zstandard.ZstdCompressor().compress(b"# a zstd markdown file"))
+    (workdir / "d" / "c.ndjson.gz").write_bytes(gzip.compress(b'{"text": "a gzipped ndjson line"}\n'))
+    run, art, _ = _run([{"name": "s", "path": "d"}])
+    assert (run.stats["read"], run.stats["ingested"]) == (3, 3)
+    assert sorted(d.text for p in shard_paths(art) for d in read_shard(p)) == [
+        "# a zstd markdown file", "a gzipped ndjson line", "a gzipped text file"]
+
+
 def test_unknown_files_setting_is_validated() -> None:
     from llmpipe.config import ConfigError
 
