@@ -51,13 +51,16 @@ def test_config_names_the_tokenizers_ids_and_lengths_agree(which: str, artifacts
     assert len(long) == cfg.max_position_embeddings
 
 
-def test_tiny_shapes_are_vllm_cpu_kernel_shapes(pretrain_dir: Path) -> None:
-    """Head size 32 (vLLM's CPU attention refuses 16) and every Linear input a multiple of 32 (CPUWNA16)."""
+def test_tiny_shapes_are_vllm_cpu_kernel_shapes(pretrain_dir: Path, quantize_dir: Path) -> None:
+    """Head size 32 (vLLM's CPU attention refuses 16), every Linear width a multiple of 32 and an even
+    group size (vLLM's CPU W4A16 kernel, CPUWNA16): quantize.group_size 128 was lowered to 64, not 16."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(pretrain_dir)
     assert cfg.hidden_size <= 128 and cfg.hidden_size // cfg.num_attention_heads == 32
     assert cfg.hidden_size % 32 == 0 and cfg.intermediate_size % 32 == 0
+    qcfg = json.loads((quantize_dir / "config.json").read_text())["quantization_config"]
+    assert [g["weights"]["group_size"] for g in qcfg["config_groups"].values()] == [64]
 
 
 def test_chat_template_renders_with_the_exported_tokenizer(pretrain_dir: Path) -> None:
