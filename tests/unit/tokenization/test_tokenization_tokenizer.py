@@ -29,6 +29,28 @@ def test_trained_tokenizer_loads_with_autotokenizer_and_round_trips(pipeline_dir
     assert bare.decode(ids, skip_special_tokens=False) == TRICKY
 
 
+def test_chat_template_is_saved_and_marks_roles_with_special_tokens(pipeline_dirs, synth) -> None:
+    """The saved template renders role marker, newline, content, end-of-text; each marker is one special id,
+    the same text inside a document stays text; an unknown role is an error naming it."""
+    from jinja2.exceptions import TemplateError
+    from transformers import AutoTokenizer
+
+    d = pipeline_dirs([synth(60, 30)])["tokenizer"]
+    assert (d / "chat_template.jinja").is_file()
+    tok = AutoTokenizer.from_pretrained(d)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == "<|system|>\nBe brief.<|endoftext|><|user|>\nHi<|endoftext|><|assistant|>\n"
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+    roles = [tok.convert_tokens_to_ids(r) for r in ("<|system|>", "<|user|>", "<|assistant|>")]
+    assert [i for i in ids if i in roles] == roles and ids.count(tok.eos_token_id) == 2
+    assert tok.decode(ids, skip_special_tokens=True) == "\nBe brief.\nHi\n"
+    bare, _ = load_for_encoding(d)
+    assert not set(bare.encode("<|user|> hi", add_special_tokens=False).ids) & set(roles)
+    with pytest.raises(TemplateError, match="not tool"):
+        tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+
+
 def test_training_is_deterministic(pipeline_dirs, synth) -> None:
     a = pipeline_dirs([synth(40, 20)], name="a")["tokenizer"] / "tokenizer.json"
     b = pipeline_dirs([synth(40, 20)], name="b")["tokenizer"] / "tokenizer.json"
@@ -56,3 +78,5 @@ def test_config_errors() -> None:
         TokenizerConfig(eos_token="</s>")
     with pytest.raises(ValidationError, match="pad_token must differ"):
         TokenizerConfig(pad_token="<|endoftext|>")
+    with pytest.raises(ValidationError, match=r"lacks the chat template's role markers \['<\|user\|>'"):
+        TokenizerConfig(special_tokens=["<|endoftext|>", "<|pad|>", "<|system|>", "<|assistant|>"])
