@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
 from llmpipe.evaluation.layout import EVALUATE
-from llmpipe.evaluation.stage import run_suite
+from llmpipe.evaluation.stage import harness_modules, run_suite
 from llmpipe.files import link_file
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
@@ -145,7 +145,7 @@ def _tokens_per_s(res: dict[str, Any]) -> float | None:
 
 @stage("quantize", version=VERSION, inputs=("pretrain", "tokenize", "evaluate"), config_field="quantize",
        flow="release",
-       extra="quantize", requires=lambda cfg: ("torch", "transformers", *(
+       extra="quantize", requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate), *(
            ("llmcompressor", "compressed_tensors") if cfg.quantize.scheme == "awq_w4" else ())))
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     """AWQ 4-bit (or int8 dynamic) quantization calibrated on our data, gated on held-out quality."""
