@@ -108,3 +108,13 @@ def test_evaluation_settings_are_in_the_stage_key(tmp_path: Path, monkeypatch: p
 
 def test_config_defaults_leave_the_harness_off() -> None:
     assert EvaluateConfig().harness.tasks == []
+
+
+def test_our_multiple_choice_scorer_and_the_harness_agree_on_the_shipped_set(lm) -> None:  # noqa: ANN001
+    from llmpipe.evaluation.metrics import load_task, task_accuracy
+
+    ours = task_accuracy(*lm, load_task(BUILTIN_TASKS / "tiny_mc" / "tiny_mc.jsonl"))
+    theirs = run_harness(*lm, HarnessConfig(tasks=["tiny_mc"]))["tasks"]["tiny_mc"]["metrics"]
+    assert ours["n"] == 48
+    assert ours["acc"] == theirs["acc"]
+    assert ours["acc_norm"] == theirs["acc_bytes"]  # ours divides by UTF-8 bytes: the harness's acc_bytes
