@@ -16,7 +16,8 @@ from llmpipe.config_base import Section, run_setting
 
 
 class TaskConfig(Section):
-    """A multiple-choice task in a local JSONL file: one ``{"context", "choices", "label"}`` per line."""
+    """A multiple-choice task in a local JSONL file: one ``{"context", "choices", "label"}`` per line,
+    scored by lm-evaluation-harness like the built-in ``tiny_mc`` (choices follow the context as written)."""
 
     name: str = Field(..., min_length=1, description="short name shown in the results table")
     path: str = Field(..., description="JSONL file; relative paths are taken from the working directory")

@@ -13,15 +13,21 @@ built-in tasks read their JSONL through :func:`local_json`, and a user's task re
 
 The harness's numbers move with the batch size, the backend, the dtype and the few-shot sample, so
 the whole harness config is part of the stage key and is written beside the numbers.
+
+``evaluate.tasks`` (multiple-choice JSONL files) runs through the harness too, as inline tasks
+scored like ``tiny_mc``: llmpipe had its own scorer for them, which agreed with the harness's
+``acc`` (and its byte-normalised ``acc_norm`` with ``acc_bytes``) on ``tiny_mc``; it was removed
+so that one scorer, the field's, gives every task number.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmpipe.evaluation.config import HarnessConfig
+from llmpipe.evaluation.config import HarnessConfig, TaskConfig
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
@@ -31,12 +37,14 @@ BUILTIN_NAMES = ("tiny_mc", "tiny_cloze", "tiny_docs")
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def local_json(data_files: dict[str, str] | str, config_source: str | None = None, **_: Any) -> Any:
+def local_json(data_files: dict[str, str] | str, config_source: str | None = None, limit: int | None = None,
+               **_: Any) -> Any:
     """The harness's ``custom_dataset`` for task data in JSON lines beside the task's YAML.
 
     The harness calls it with the task's ``dataset_kwargs`` and ``metadata``; its ``config_source``
     (the YAML's path) anchors relative ``data_files``, so a task folder works wherever it is
     installed. Lines are read with the file and line named in any error; no cache, no network.
+    ``limit`` keeps the first lines only (``evaluate.tasks[].limit``).
     """
     import datasets
 
@@ -49,11 +57,30 @@ def local_json(data_files: dict[str, str] | str, config_source: str | None = Non
         path = Path(name) if Path(name).is_absolute() else base / name
         if not path.is_file():
             raise FileNotFoundError(f"{config_source or 'task'}: dataset_kwargs.data_files.{split}: no file {path}")
-        rows = [v for _, v in jsonl_values(path)]
+        rows = [v for _, v in jsonl_values(path)][:limit]
         if not rows:
             raise ValueError(f"{path}: no examples for split {split!r}")
         splits[split] = datasets.Dataset.from_list(rows)
     return datasets.DatasetDict(splits)
+
+
+def multiple_choice_spec(task: TaskConfig) -> dict[str, Any]:
+    """An ``evaluate.tasks`` JSONL file (``{context, choices, label}`` per line) as an inline harness task,
+    scored like ``tiny_mc``: the choices follow the context as written (no delimiter added)."""
+    from llmpipe.evaluation.metrics import load_task
+
+    load_task(task.resolved(), task.limit)  # each line checked, bad ones named by file and line
+    return {**MULTIPLE_CHOICE, "task": task.name, "custom_dataset": local_json,
+            "dataset_kwargs": {"data_files": {"test": str(task.resolved().resolve())}, "limit": task.limit}}
+
+
+MULTIPLE_CHOICE: dict[str, Any] = {
+    "output_type": "multiple_choice", "test_split": "test", "doc_to_text": "{{context}}",
+    "doc_to_choice": "{{choices}}", "doc_to_target": "label", "target_delimiter": "",
+    "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
+                    for m in ("acc", "acc_norm", "acc_bytes")],
+    "metadata": {"version": 1.0},
+}
 
 
 def task_manager(cfg: HarnessConfig) -> tuple[TaskManager, list[str]]:
@@ -104,13 +131,16 @@ def harness_lm(model: Any, tokenizer: Any, cfg: HarnessConfig) -> Any:
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=cfg.batch_size, max_length=cfg.max_length)
 
 
-def run_harness(model: Any, tokenizer: Any, cfg: HarnessConfig) -> dict[str, Any]:
-    """Every configured harness task on ``model``: per task, its metrics and their standard errors,
-    beside the config they were computed with (see :func:`harness_results`)."""
+def run_harness(model: Any, tokenizer: Any, cfg: HarnessConfig, files: Sequence[TaskConfig] = ()
+                ) -> dict[str, Any]:
+    """Every configured harness task (and each multiple-choice JSONL of ``files``) on ``model``: per
+    task, its metrics and their standard errors, beside the config they were computed with (see
+    :func:`harness_results`)."""
     from lm_eval import simple_evaluate
 
     tm, specs = task_manager(cfg)
-    out = simple_evaluate(harness_lm(model, tokenizer, cfg), tasks=specs, task_manager=tm,
+    inline = [multiple_choice_spec(t) for t in files]
+    out = simple_evaluate(harness_lm(model, tokenizer, cfg), tasks=[*specs, *inline], task_manager=tm,
                           num_fewshot=cfg.num_fewshot, fewshot_random_seed=cfg.fewshot_seed,
                           limit=cfg.limit, bootstrap_iters=cfg.bootstrap_iters,
                           apply_chat_template=cfg.chat_template, log_samples=False)

@@ -47,10 +47,6 @@ def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None, base: dict[str
     if "entities" in cur or "entities" in (prev or {}):  # the entity loss's effect, beside the overall
         paths.append(("entity targets: accuracy", ("entities", "accuracy"), False))
         paths.append(("entity targets: bits per byte", ("entities", "bits_per_byte"), True))
-    tasks = sorted(set(cur.get("tasks", {})) | set((prev or {}).get("tasks", {})))
-    for t in tasks:
-        paths.append((f"task {t}: acc", ("tasks", t, "acc"), False))
-        paths.append((f"task {t}: acc_norm", ("tasks", t, "acc_norm"), False))
     values = [(label, _get(cur, path), _get(prev, path), _get(base, path), lower)
               for label, path, lower in paths]
     harness = harness_rows(cur, prev)

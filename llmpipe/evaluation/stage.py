@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when
 
 # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats;
 # 5: with an entity mask in the tokenize artifact, metrics (and the baseline's) gain "entities";
-# 6: metrics gain "harness" (lm-evaluation-harness tasks, their standard errors and config)
+# 6: metrics gain "harness" (lm-evaluation-harness tasks, their standard errors and config), and
+# evaluate.tasks' multiple-choice files are scored there (metrics["tasks"] is gone)
 VERSION = "6"
 
 
@@ -38,22 +39,21 @@ def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch
     """Every metric of the checkpoint at ``ckpt`` (or of an already loaded ``model`` with its tokenizer);
     with ``baseline``, also the unigram model of the train split on the same sequences (``res["baseline"]``)."""
     from llmpipe.evaluation.data import load_sequences
-    from llmpipe.evaluation.metrics import evaluate_model, load_task, token_byte_lengths
+    from llmpipe.evaluation.metrics import evaluate_model, token_byte_lengths
     from llmpipe.evaluation.model_io import checkpoint_bytes, load_model, load_tokenizer
 
     tok = load_tokenizer(ckpt)
     model = model if model is not None else load_model(ckpt, device)
     seqs, names, meta = load_sequences(tokenize_dir, cfg.split, cfg.max_sequences)
-    tasks = {t.name: load_task(t.resolved(), t.limit) for t in cfg.tasks}
     byte_len = token_byte_lengths(tok)
     metrics = evaluate_model(model, tok, seqs, batch_size=cfg.batch_size, prompts=cfg.prompts,
-                             max_new_tokens=cfg.max_new_tokens, tasks=tasks, byte_len=byte_len,
+                             max_new_tokens=cfg.max_new_tokens, byte_len=byte_len,
                              language_names=names)
-    if cfg.harness.tasks:  # last: harness.dtype may cast the model in place
+    if cfg.harness.tasks or cfg.tasks:  # last: harness.dtype may cast the model in place
         from llmpipe.evaluation.harness import run_harness
 
         t0 = time.perf_counter()
-        metrics["harness"] = run_harness(model, tok, cfg.harness)
+        metrics["harness"] = run_harness(model, tok, cfg.harness, cfg.tasks)
         metrics.setdefault("timings", {})["harness_seconds"] = round(time.perf_counter() - t0, 3)
     first = int(byte_len[int(seqs[0].tokens[0])])  # the split's first token is never a target
     res = {"metrics": metrics, "data": meta, "bytes_check": bytes_check(metrics, meta, first),
@@ -93,7 +93,7 @@ def bytes_check(metrics: dict[str, Any], meta: dict[str, Any], first_token_bytes
 
 def harness_modules(cfg: EvaluateConfig) -> tuple[str, ...]:
     """What ``evaluate.harness`` imports beyond the [train] extra (the [eval] extra): none when it is off."""
-    return ("lm_eval",) if cfg.harness.tasks else ()
+    return ("lm_eval",) if cfg.harness.tasks or cfg.tasks else ()
 
 
 def previous_results(ctx: StageContext) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
@@ -113,8 +113,6 @@ def _finite(v: Any) -> Any:
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     o = metrics["overall"]
     out = {k: o[k] for k in ("perplexity", "bits_per_byte", "accuracy", "tokens", "bytes")}
-    for name, t in metrics.get("tasks", {}).items():
-        out[f"task_{name}_acc"] = t["acc"]
     for name, t in (metrics.get("harness") or {}).get("tasks", {}).items():
         for m, v in t["metrics"].items():
             out[f"{name}/{m}"] = v

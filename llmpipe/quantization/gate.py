@@ -11,6 +11,10 @@ class QualityGateError(RuntimeError):
     """The quantized model failed the gate; the release flow stops before deployment."""
 
 
+def _harness_tasks(metrics: dict[str, Any]) -> dict[str, Any]:
+    return (metrics.get("harness") or {}).get("tasks", {})
+
+
 def check_gate(fp: dict[str, Any], quant: dict[str, Any], cfg: GateConfig) -> dict[str, Any]:
     """Compare two ``evaluate_model`` results; return the verdict, raise :class:`QualityGateError` on failure.
 
@@ -25,10 +29,13 @@ def check_gate(fp: dict[str, Any], quant: dict[str, Any], cfg: GateConfig) -> di
         "message": (f"perplexity rose {rise:+.2%} (fp {fp_ppl:.4f} -> quantized {q_ppl:.4f}); "
                     f"allowed at most +{cfg.max_ppl_increase:.2%}"),
     }]
-    for name, t in sorted(fp.get("tasks", {}).items()):
-        if name not in quant.get("tasks", {}):
+    fp_tasks, q_tasks = _harness_tasks(fp), _harness_tasks(quant)
+    for name, t in sorted(fp_tasks.items()):
+        if "acc" not in t["metrics"]:
+            continue
+        if name not in q_tasks:
             raise QualityGateError(f"quality gate: task {name!r} was not evaluated on the quantized model")
-        a, b = t["acc"], quant["tasks"][name]["acc"]
+        a, b = t["metrics"]["acc"], q_tasks[name]["metrics"]["acc"]
         drop = (a - b) * 100.0
         checks.append({
             "check": f"task {name} acc", "fp": a, "quantized": b, "change": -drop, "limit": cfg.max_accuracy_drop,

@@ -110,11 +110,46 @@ def test_config_defaults_leave_the_harness_off() -> None:
     assert EvaluateConfig().harness.tasks == []
 
 
-def test_our_multiple_choice_scorer_and_the_harness_agree_on_the_shipped_set(lm) -> None:  # noqa: ANN001
-    from llmpipe.evaluation.metrics import load_task, task_accuracy
+def reference_accuracy(model, tok, rows: list[dict]) -> tuple[float, float]:  # noqa: ANN001
+    """(acc, byte-normalised acc) by hand: the sum of log p(choice tokens | context), float64, one
+    sequence at a time; context and choice tokenized apart (llmpipe's removed scorer, kept as the
+    reference the harness's numbers are checked against)."""
+    hits = hits_bytes = 0
+    for r in rows:
+        ctx = tok(r["context"], add_special_tokens=False).input_ids
+        lls = []
+        for c in r["choices"]:
+            ids = tok(c, add_special_tokens=False).input_ids
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=torch.tensor([ctx + ids])).logits[0].double(), -1)
+            lls.append(sum(float(logp[len(ctx) - 1 + j, t]) for j, t in enumerate(ids)))
+        per_byte = [v / len(c.encode()) for v, c in zip(lls, r["choices"], strict=True)]
+        hits += int(max(range(len(lls)), key=lls.__getitem__) == r["label"])
+        hits_bytes += int(max(range(len(lls)), key=per_byte.__getitem__) == r["label"])
+    return hits / len(rows), hits_bytes / len(rows)
 
-    ours = task_accuracy(*lm, load_task(BUILTIN_TASKS / "tiny_mc" / "tiny_mc.jsonl"))
+
+def test_the_harness_accuracy_equals_a_by_hand_scorer_on_the_shipped_set(lm) -> None:  # noqa: ANN001
+    # measured before llmpipe's own scorer was removed: ours and the harness's gave 0.4167 / 0.3125 here too
+    from llmpipe.evaluation.metrics import load_task
+
+    rows = load_task(BUILTIN_TASKS / "tiny_mc" / "tiny_mc.jsonl")
     theirs = run_harness(*lm, HarnessConfig(tasks=["tiny_mc"]))["tasks"]["tiny_mc"]["metrics"]
-    assert ours["n"] == 48
-    assert ours["acc"] == theirs["acc"]
-    assert ours["acc_norm"] == theirs["acc_bytes"]  # ours divides by UTF-8 bytes: the harness's acc_bytes
+    acc, acc_bytes = reference_accuracy(*lm, rows)
+    assert len(rows) == 48
+    assert theirs["acc"] == acc and theirs["acc_bytes"] == acc_bytes
+
+
+def test_evaluate_tasks_jsonl_runs_through_the_harness(lm, tmp_path: Path) -> None:  # noqa: ANN001
+    from llmpipe.evaluation.config import TaskConfig
+
+    rows = [{"context": "The teacher paints the red", "choices": [" river.", " ball."], "label": 1},
+            {"context": "Die Katze sieht den roten", "choices": [" Ball.", " Fluss."], "label": 0},
+            {"context": "My friend likes the old", "choices": [" tree.", " bird."], "label": 0},
+            {"context": "Ein Kind malt ein kleines", "choices": [" Weg.", " Haus."], "label": 1},
+            {"context": "A dog finds the", "choices": [" river.", " Haus."], "label": 0}]
+    task = tmp_path / "cloze.jsonl"
+    task.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    res = run_harness(*lm, HarnessConfig(), [TaskConfig(name="cloze", path=str(task), limit=4)])["tasks"]["cloze"]
+    assert res["samples"] == 4  # limit: the first four lines
+    assert res["metrics"]["acc"] == reference_accuracy(*lm, rows[:4])[0] >= 0.75  # the model learnt the templates

@@ -37,7 +37,8 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     res1 = json.loads((ctx1.out / RESULTS).read_text())
     assert res1["metrics"]["overall"]["perplexity"] == pytest.approx(stats1["perplexity"])
     assert res1["data"]["sequences_used"] == 12 and res1["settings"]["max_sequences"] == 12
-    assert res1["metrics"]["tasks"]["cloze"]["n"] == 1
+    assert res1["metrics"]["harness"]["tasks"]["cloze"]["samples"] == 1  # evaluate.tasks: scored by the harness
+    assert "tasks" not in res1["metrics"]
     assert stats1["previous_key"] is None
     # the harness's numbers, their standard errors and the config they were computed with, side by side
     harness = res1["metrics"]["harness"]
@@ -46,7 +47,7 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     mc = harness["tasks"]["tiny_mc"]
     assert stats1["tiny_mc/acc"] == mc["metrics"]["acc"] and stats1["tiny_mc/acc_stderr"] == mc["stderr"]["acc"] > 0
     assert stats1["tiny_docs/bits_per_byte"] == harness["tasks"]["tiny_docs"]["metrics"]["bits_per_byte"]
-    assert stats1["harness_items"] == 48 + 12 and stats1["harness_items_per_s"] > 0 and stats1["harness_seconds"] > 0
+    assert stats1["harness_items"] == 48 + 12 + 1 and stats1["harness_items_per_s"] > 0 and stats1["harness_seconds"] > 0
     table = next(r.payload for r in ctx1.reports if r.kind == "table")
     row = next(r for r in table if r["metric"] == "tiny_mc/acc")
     assert row["this"] == mc["metrics"]["acc"] and row["stderr"] == mc["stderr"]["acc"]

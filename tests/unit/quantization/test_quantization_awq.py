@@ -157,8 +157,8 @@ def test_int8_dynamic_scheme(evaluated) -> None:  # noqa: ANN001
 
 
 def test_gate_accuracy_drop_in_points() -> None:
-    fp = {"overall": {"perplexity": 10.0}, "tasks": {"cloze": {"acc": 0.80}}}
-    q = {"overall": {"perplexity": 10.1}, "tasks": {"cloze": {"acc": 0.78}}}
+    fp = {"overall": {"perplexity": 10.0}, "harness": {"tasks": {"cloze": {"metrics": {"acc": 0.80}}}}}
+    q = {"overall": {"perplexity": 10.1}, "harness": {"tasks": {"cloze": {"metrics": {"acc": 0.78}}}}}
     assert check_gate(fp, q, GateConfig(max_ppl_increase=0.02, max_accuracy_drop=2.5))["passed"]
     with pytest.raises(QualityGateError, match=r"'cloze' accuracy fell 2.00 points \(fp 0.8000 -> quantized 0.7800\)"):
         check_gate(fp, q, GateConfig(max_ppl_increase=0.02, max_accuracy_drop=1.0))
