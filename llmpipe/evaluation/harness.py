@@ -144,7 +144,10 @@ def run_harness(model: Any, tokenizer: Any, cfg: HarnessConfig, files: Sequence[
                           num_fewshot=cfg.num_fewshot, fewshot_random_seed=cfg.fewshot_seed,
                           limit=cfg.limit, bootstrap_iters=cfg.bootstrap_iters,
                           apply_chat_template=cfg.chat_template, log_samples=False)
-    return harness_results(out, cfg)
+    res = harness_results(out, cfg)
+    for t in files:  # the quantize gate's max_accuracy_drop applies to these, as before the harness
+        res["tasks"][t.name]["source"] = "evaluate.tasks"
+    return res
 
 
 def _number(v: Any) -> float | None:

@@ -193,7 +193,8 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     verdict = check_gate(fp_res["metrics"], q_res["metrics"], cfg.gate)
     results["gate"] = verdict
     ctx.report_table("quantize-gate", "Quality gate", [
-        {k: c[k] for k in ("check", "fp", "quantized", "change", "limit", "passed")} for c in verdict["checks"]])
+        {k: c.get(k) for k in ("check", "fp", "quantized", "change", "limit", "stderr", "noise", "passed")}
+        for c in verdict["checks"]])
     (ctx.out / QUANTIZE.results).write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
     stats = {"scheme": cfg.scheme, "gate_passed": verdict["passed"],
              "fp_perplexity": comparison[0]["perplexity"], "quantized_perplexity": comparison[1]["perplexity"],

@@ -151,5 +151,5 @@ def test_evaluate_tasks_jsonl_runs_through_the_harness(lm, tmp_path: Path) -> No
     task = tmp_path / "cloze.jsonl"
     task.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     res = run_harness(*lm, HarnessConfig(), [TaskConfig(name="cloze", path=str(task), limit=4)])["tasks"]["cloze"]
-    assert res["samples"] == 4  # limit: the first four lines
+    assert res["samples"] == 4 and res["source"] == "evaluate.tasks"  # limit: the first four lines
     assert res["metrics"]["acc"] == reference_accuracy(*lm, rows[:4])[0] >= 0.75  # the model learnt the templates
