@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, n
     import numpy as np
     import torch
 
-VERSION = "2"
+# 3: fp and quantized metrics gain "harness"; the gate gains gate.metrics checks with stderr and noise
+VERSION = "3"
 TIMING_INFO = ("quantize_seconds",)  # keys of the quantizers' info that are timings, not results
 
 
