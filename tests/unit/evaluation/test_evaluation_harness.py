@@ -153,3 +153,12 @@ def test_evaluate_tasks_jsonl_runs_through_the_harness(lm, tmp_path: Path) -> No
     res = run_harness(*lm, HarnessConfig(), [TaskConfig(name="cloze", path=str(task), limit=4)])["tasks"]["cloze"]
     assert res["samples"] == 4 and res["source"] == "evaluate.tasks"  # limit: the first four lines
     assert res["metrics"]["acc"] == reference_accuracy(*lm, rows[:4])[0] >= 0.75  # the model learnt the templates
+
+
+def test_chat_template_on_without_one_is_a_clear_error(lm) -> None:  # noqa: ANN001
+    from llmpipe.evaluation.harness import harness_lm
+
+    model, tok = lm
+    assert not getattr(tok, "chat_template", None)  # the toy tokenizer has none
+    with pytest.raises(ValueError, match="chat_template: true, but the model's tokenizer has no chat template"):
+        harness_lm(model, tok, HarnessConfig(tasks=["tiny_mc"], chat_template=True))
