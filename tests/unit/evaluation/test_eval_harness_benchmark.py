@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_eval_harness_benchmark_quick_run(toy_lm) -> None:  # noqa: ANN001
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "eval_harness.py"), "--quick",
                         "--model", str(toy_lm.pretrain), "--tasks", "tiny_mc"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})  # nothing downloaded
     assert r.returncode == 0, r.stderr[-2000:]  # exits non-zero when ours and the harness's numbers differ
     lines = r.stdout.strip().splitlines()
     assert lines[0].startswith("48 items of tiny_mc,")
