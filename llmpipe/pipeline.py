@@ -39,6 +39,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "tokenize": ("tokenizers", "transformers"),
     "train": ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "deepspeed", "matplotlib",
               "tensorboard"),
+    "eval": ("lm_eval",),
     "quantize": ("llmcompressor", "compressed_tensors"),
     "serve": ("tritonclient",),
     "dask": ("dask", "distributed"),

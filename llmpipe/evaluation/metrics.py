@@ -1,4 +1,4 @@
-"""Model metrics: perplexity, bits-per-byte, next-token accuracy, greedy samples, multiple-choice tasks.
+"""Model metrics: perplexity, bits-per-byte, next-token accuracy, greedy samples; task files checked.
 
 Everything the evaluate stage reports and the quantize gate compares comes from
 :func:`evaluate_model`, so the fp model and its quantized copy are measured by exactly one code path.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -223,6 +223,7 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max
 
 
 # -- multiple choice ----------------------------------------------------------------------------------
+# scored by lm-evaluation-harness (llmpipe/evaluation/harness.py); here each line is checked first
 def load_task(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """Examples of a JSONL multiple-choice file; a bad line raises naming the file and line."""
     path = Path(path)
@@ -246,45 +247,9 @@ def load_task(path: str | Path, limit: int | None = None) -> list[dict[str, Any]
     return out
 
 
-@torch.no_grad()
-def choice_logprobs(model: torch.nn.Module, tokenizer: Any, context: str, choices: Sequence[str]) -> list[float]:
-    """Sum of log-probabilities of each choice's tokens given the context (one batched forward)."""
-    ctx_ids = tokenizer(context, add_special_tokens=False).input_ids
-    if not ctx_ids:  # the first choice token needs something to be predicted from
-        ctx_ids = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
-    conts = [tokenizer(c, add_special_tokens=False).input_ids for c in choices]
-    rows = [ctx_ids + c for c in conts]
-    width = max(len(r) for r in rows)
-    dev = model_device(model)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        att[i, : len(r)] = 1
-    logp = F.log_softmax(model(input_ids=ids.to(dev), attention_mask=att.to(dev)).logits.float(), dim=-1)
-    out = []
-    for i, c in enumerate(conts):
-        pos = torch.arange(len(ctx_ids) - 1, len(ctx_ids) - 1 + len(c), device=dev)
-        out.append(float(logp[i, pos, torch.tensor(c, device=dev)].double().sum()))
-    return out
-
-
-def task_accuracy(model: torch.nn.Module, tokenizer: Any, examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """``acc`` picks the choice with the highest log-prob; ``acc_norm`` divides it by the choice's bytes."""
-    n = hits = hits_norm = 0
-    for ex in examples:
-        lp = choice_logprobs(model, tokenizer, ex["context"], ex["choices"])
-        norm = [v / max(1, len(c.encode("utf-8"))) for v, c in zip(lp, ex["choices"], strict=True)]
-        n += 1
-        hits += int(int(np.argmax(lp)) == ex["label"])
-        hits_norm += int(int(np.argmax(norm)) == ex["label"])
-    return {"n": n, "acc": hits / n if n else float("nan"), "acc_norm": hits_norm / n if n else float("nan")}
-
-
 # -- everything ---------------------------------------------------------------------------------------
 def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[EvalSequence], *,
                    batch_size: int = 8, prompts: Sequence[str] = (), max_new_tokens: int = 32,
-                   tasks: dict[str, list[dict[str, Any]]] | None = None,
                    byte_len: np.ndarray | None = None, language_names: Sequence[str] = ()) -> dict[str, Any]:
     """All metrics of one model on one set of held-out sequences (the gate calls this twice).
 
@@ -308,6 +273,5 @@ def evaluate_model(model: torch.nn.Module, tokenizer: Any, sequences: Sequence[E
         res["generations"] = gen.pop("generations")
         timings.update(gen)
     res["timings"] = timings
-    res["tasks"] = {name: task_accuracy(model, tokenizer, exs) for name, exs in (tasks or {}).items()}
     model.train(was_training)
     return res

@@ -47,12 +47,9 @@ def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None, base: dict[str
     if "entities" in cur or "entities" in (prev or {}):  # the entity loss's effect, beside the overall
         paths.append(("entity targets: accuracy", ("entities", "accuracy"), False))
         paths.append(("entity targets: bits per byte", ("entities", "bits_per_byte"), True))
-    tasks = sorted(set(cur.get("tasks", {})) | set((prev or {}).get("tasks", {})))
-    for t in tasks:
-        paths.append((f"task {t}: acc", ("tasks", t, "acc"), False))
-        paths.append((f"task {t}: acc_norm", ("tasks", t, "acc_norm"), False))
     values = [(label, _get(cur, path), _get(prev, path), _get(base, path), lower)
               for label, path, lower in paths]
+    harness = harness_rows(cur, prev)
     if base is not None:  # the ratio rows: overall right under bits per byte, per language after the rest
 
         def ratio_row(prefix: str, path: tuple[str, ...]) -> tuple[str, Any, Any, None, bool]:
@@ -62,13 +59,36 @@ def metric_rows(cur: dict[str, Any], prev: dict[str, Any] | None, base: dict[str
         values.insert(at, ratio_row("", ("overall", "bits_per_byte")))
         values += [ratio_row(f"{lang}: ", ("per_language", lang, "bits_per_byte")) for lang in langs]
     rows = []
-    for label, a, b, u, lower_better in values:
+    for label, a, b, u, lower_better, *se in [*values, *harness]:
         delta = a - b if a is not None and b is not None else None
+        noise = _delta_stderr(*se) if se else None
         verdict = ""
         if delta is not None and delta != 0 and not math.isnan(delta):
             verdict = "better" if (delta < 0) == lower_better else "worse"
-        rows.append({"metric": label, "this": a, "unigram": u, "previous": b, "change": delta, "verdict": verdict})
+            if noise is not None and abs(delta) <= noise:
+                verdict = f"within noise ({verdict})"
+        rows.append({"metric": label, "this": a, "stderr": se[0] if se else None, "unigram": u, "previous": b,
+                     "change": delta, "verdict": verdict})
     return rows
+
+
+def _delta_stderr(a: float | None, b: float | None) -> float | None:
+    """Standard error of the difference of two independent estimates: sqrt(a^2 + b^2) (conservative
+    for two models scored on the same items, whose errors are correlated)."""
+    return math.hypot(a, b) if a is not None and b is not None else None
+
+
+def harness_rows(cur: dict[str, Any], prev: dict[str, Any] | None) -> list[tuple[Any, ...]]:
+    """(label, this, previous, unigram, lower is better, this stderr, previous stderr) per harness
+    task metric (``task/metric``), so a change smaller than its noise is called so."""
+    tasks = {**((prev or {}).get("harness") or {}).get("tasks", {}), **(cur.get("harness") or {}).get("tasks", {})}
+    out = []
+    for t in sorted(tasks):
+        for m in tasks[t]["metrics"]:
+            lower = not tasks[t].get("higher_is_better", {}).get(m, True)
+            val, se = ("harness", "tasks", t, "metrics", m), ("harness", "tasks", t, "stderr", m)
+            out.append((f"{t}/{m}", _get(cur, val), _get(prev, val), None, lower, _get(cur, se), _get(prev, se)))
+    return out
 
 
 def regression_markdown(cur: dict[str, Any], prev: dict[str, Any] | None, prev_key: str | None,
@@ -89,12 +109,19 @@ def regression_markdown(cur: dict[str, Any], prev: dict[str, Any] | None, prev_k
         lines.append(f"Previous evaluation: `{(prev_key or '')[:12]}`"
                      + ("" if same_data else " (**different held-out data**: compare bits per byte, "
                                              "not perplexity)") + "\n")
-    lines += ["| metric | this model | unigram | previous | change | |",
-              "| --- | ---: | ---: | ---: | ---: | --- |"]
+    h = cur.get("harness")
+    if h:
+        c = h["config"]
+        lines.append(f"Harness tasks: lm-evaluation-harness {h['lm_eval_version']}, {c['num_fewshot']}-shot "
+                     f"(few-shot seed {c['fewshot_seed']}), batch size {c['batch_size']}, dtype {c['dtype']}, "
+                     f"max length {c['max_length'] or 'of the model'}, chat template {'on' if c['chat_template'] else 'off'}; "
+                     "a change within the standard error of the difference is called within noise.\n")
+    lines += ["| metric | this model | ± stderr | unigram | previous | change | |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in metric_rows(cur, prev, base, prev_base):
         ch = "–" if r["change"] is None else f"{r['change']:+.4g}"
-        lines.append(f"| {r['metric']} | {_fmt(r['this'])} | {_fmt(r['unigram'])} | {_fmt(r['previous'])} | {ch} "
-                     f"| {r['verdict']} |")
+        lines.append(f"| {r['metric']} | {_fmt(r['this'])} | {_fmt(r['stderr'])} | {_fmt(r['unigram'])} "
+                     f"| {_fmt(r['previous'])} | {ch} | {r['verdict']} |")
     gens = cur.get("generations") or []
     if gens:
         lines += ["", "**Greedy samples**", "", "| prompt | completion |", "| --- | --- |"]

@@ -25,8 +25,10 @@ if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when
     import torch
 
 # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats;
-# 5: with an entity mask in the tokenize artifact, metrics (and the baseline's) gain "entities"
-VERSION = "5"
+# 5: with an entity mask in the tokenize artifact, metrics (and the baseline's) gain "entities";
+# 6: metrics gain "harness" (lm-evaluation-harness tasks, their standard errors and config), and
+# evaluate.tasks' multiple-choice files are scored there (metrics["tasks"] is gone)
+VERSION = "6"
 
 
 RESULTS = EVALUATE.results
@@ -37,17 +39,22 @@ def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch
     """Every metric of the checkpoint at ``ckpt`` (or of an already loaded ``model`` with its tokenizer);
     with ``baseline``, also the unigram model of the train split on the same sequences (``res["baseline"]``)."""
     from llmpipe.evaluation.data import load_sequences
-    from llmpipe.evaluation.metrics import evaluate_model, load_task, token_byte_lengths
+    from llmpipe.evaluation.metrics import evaluate_model, token_byte_lengths
     from llmpipe.evaluation.model_io import checkpoint_bytes, load_model, load_tokenizer
 
     tok = load_tokenizer(ckpt)
     model = model if model is not None else load_model(ckpt, device)
     seqs, names, meta = load_sequences(tokenize_dir, cfg.split, cfg.max_sequences)
-    tasks = {t.name: load_task(t.resolved(), t.limit) for t in cfg.tasks}
     byte_len = token_byte_lengths(tok)
     metrics = evaluate_model(model, tok, seqs, batch_size=cfg.batch_size, prompts=cfg.prompts,
-                             max_new_tokens=cfg.max_new_tokens, tasks=tasks, byte_len=byte_len,
+                             max_new_tokens=cfg.max_new_tokens, byte_len=byte_len,
                              language_names=names)
+    if cfg.harness.tasks or cfg.tasks:  # last: harness.dtype may cast the model in place
+        from llmpipe.evaluation.harness import run_harness
+
+        t0 = time.perf_counter()
+        metrics["harness"] = run_harness(model, tok, cfg.harness, cfg.tasks)
+        metrics.setdefault("timings", {})["harness_seconds"] = round(time.perf_counter() - t0, 3)
     first = int(byte_len[int(seqs[0].tokens[0])])  # the split's first token is never a target
     res = {"metrics": metrics, "data": meta, "bytes_check": bytes_check(metrics, meta, first),
            "model": {"checkpoint_bytes": checkpoint_bytes(ckpt),
@@ -84,6 +91,11 @@ def bytes_check(metrics: dict[str, Any], meta: dict[str, Any], first_token_bytes
     return {"bytes_from_tokens": got, "bytes_from_texts": want, "match": got == want}
 
 
+def harness_modules(cfg: EvaluateConfig) -> tuple[str, ...]:
+    """What ``evaluate.harness`` imports beyond the [train] extra (the [eval] extra): none when it is off."""
+    return ("lm_eval",) if cfg.harness.tasks or cfg.tasks else ()
+
+
 def previous_results(ctx: StageContext) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
     """(results, key, manifest) of the latest other evaluate artifact in the store, if any."""
     latest = getattr(ctx.store, "latest", None)
@@ -101,13 +113,15 @@ def _finite(v: Any) -> Any:
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     o = metrics["overall"]
     out = {k: o[k] for k in ("perplexity", "bits_per_byte", "accuracy", "tokens", "bytes")}
-    for name, t in metrics.get("tasks", {}).items():
-        out[f"task_{name}_acc"] = t["acc"]
+    for name, t in (metrics.get("harness") or {}).get("tasks", {}).items():
+        for m, v in t["metrics"].items():
+            out[f"{name}/{m}"] = v
+            out[f"{name}/{m}_stderr"] = t["stderr"].get(m)
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
 @stage("evaluate", version=VERSION, inputs=("pretrain", "tokenize"), config_field="evaluate", flow="pretrain",
-       requires=("torch", "transformers"), extra="train")
+       requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate)), extra="train")
 def run_evaluate(ctx: StageContext) -> dict[str, Any]:
     """Perplexity, bits per byte and accuracy on held-out data beside a unigram baseline; greedy samples;
     regression table."""
@@ -148,6 +162,10 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
                   "unigram_bits_per_byte": _finite(base["overall"]["bits_per_byte"]),
                   "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"])})
     stats.update({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in timings.items()})
+    if "harness" in res["metrics"]:  # items scored per second through the harness (benchmarks/eval_harness.py)
+        items = sum(t["samples"] or 0 for t in res["metrics"]["harness"]["tasks"].values())
+        stats["harness_items"] = items
+        stats["harness_items_per_s"] = items / timings["harness_seconds"] if timings.get("harness_seconds") else None
     if prev is not None:
         p = prev["metrics"]["overall"]
         stats["perplexity_change"] = o["perplexity"] - p["perplexity"]

@@ -17,13 +17,50 @@ class CalibrationConfig(Section):
     seq_len: int | None = Field(None, gt=1, description="cut each sequence to this many tokens (None: as packed)")
 
 
+#: metric names of the evaluate results' "overall" block a gate may name, and whether lower is better
+OVERALL_METRICS = {"perplexity": True, "bits_per_byte": True, "loss": True, "accuracy": False}
+
+
+def parse_allowance(metric: str, value: str | float) -> tuple[float, bool, int]:
+    """``(amount, relative, sign)`` of one ``gate.metrics`` entry: ``"+1%"`` (relative: 1% of the fp
+    value), ``-1.0`` (absolute: in percentage points for accuracies, the metric's units otherwise);
+    ``sign`` is +1 / -1 where written (the direction the metric may move), 0 where not."""
+    text = str(value).strip()
+    relative = text.endswith("%")
+    body = text[:-1].strip() if relative else text
+    sign = {"+": 1, "-": -1}.get(body[:1], 0)
+    try:
+        amount = abs(float(body))
+    except ValueError:
+        raise ValueError(f"gate.metrics.{metric}: {value!r} is not an allowance like '+1%' or -1.0") from None
+    if amount != amount or amount == float("inf"):
+        raise ValueError(f"gate.metrics.{metric}: {value!r} is not a finite allowance")
+    return amount, relative, sign
+
+
 class GateConfig(Section):
     """The quantized model may not be worse than the fp model by more than these margins."""
 
     enabled: bool = True
     max_ppl_increase: float = Field(0.02, description="largest allowed relative perplexity rise (0.02 = 2%)")
-    max_accuracy_drop: float = Field(1.0, description="largest allowed task-accuracy fall, in percentage points")
+    max_accuracy_drop: float = Field(1.0, description="largest allowed fall of each evaluate.tasks file's "
+                                                      "accuracy, in percentage points (harness tasks: gate.metrics)")
+    metrics: dict[str, str | float] = Field(
+        default_factory=dict, description="more checks, metric -> allowed change in its worse direction: "
+        "perplexity, bits_per_byte, loss, accuracy (held-out, overall) or <harness task>/<metric>; '+1%' is "
+        "relative to the fp value, a number is absolute (percentage points for accuracies), e.g. "
+        "{bits_per_byte: +1%, tiny_mc/acc: -1.0}; a change within its standard error is reported as noise")
     verify_bits: bool = Field(True, description="decompress the checkpoint and count values per group")
+
+    @field_validator("metrics")
+    @classmethod
+    def _allowances(cls, v: dict[str, str | float]) -> dict[str, str | float]:
+        for metric, value in v.items():
+            if metric not in OVERALL_METRICS and metric.count("/") != 1:
+                raise ValueError(f"gate.metrics.{metric}: name one of {sorted(OVERALL_METRICS)} or "
+                                 "<harness task>/<metric> (e.g. tiny_mc/acc)")
+            parse_allowance(metric, value)
+        return v
 
     @field_validator("max_ppl_increase", "max_accuracy_drop")
     @classmethod

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmpipe.evaluation.config import EvaluateConfig
 from llmpipe.evaluation.layout import EVALUATE
-from llmpipe.evaluation.stage import run_suite
+from llmpipe.evaluation.stage import harness_modules, run_suite
 from llmpipe.files import link_file
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.quantization.gate import QualityGateError, check_gate
@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, n
     import numpy as np
     import torch
 
-VERSION = "2"
+# 3: fp and quantized metrics gain "harness"; the gate gains gate.metrics checks with stderr and noise
+VERSION = "3"
 TIMING_INFO = ("quantize_seconds",)  # keys of the quantizers' info that are timings, not results
 
 
@@ -145,7 +146,7 @@ def _tokens_per_s(res: dict[str, Any]) -> float | None:
 
 @stage("quantize", version=VERSION, inputs=("pretrain", "tokenize", "evaluate"), config_field="quantize",
        flow="release",
-       extra="quantize", requires=lambda cfg: ("torch", "transformers", *(
+       extra="quantize", requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate), *(
            ("llmcompressor", "compressed_tensors") if cfg.quantize.scheme == "awq_w4" else ())))
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     """AWQ 4-bit (or int8 dynamic) quantization calibrated on our data, gated on held-out quality."""
@@ -193,7 +194,8 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     verdict = check_gate(fp_res["metrics"], q_res["metrics"], cfg.gate)
     results["gate"] = verdict
     ctx.report_table("quantize-gate", "Quality gate", [
-        {k: c[k] for k in ("check", "fp", "quantized", "change", "limit", "passed")} for c in verdict["checks"]])
+        {k: c.get(k) for k in ("check", "fp", "quantized", "change", "limit", "stderr", "noise", "passed")}
+        for c in verdict["checks"]])
     (ctx.out / QUANTIZE.results).write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
     stats = {"scheme": cfg.scheme, "gate_passed": verdict["passed"],
              "fp_perplexity": comparison[0]["perplexity"], "quantized_perplexity": comparison[1]["perplexity"],

@@ -119,4 +119,4 @@ def test_stage_reports_model_beside_baseline(toy_lm, fresh_store) -> None:  # no
     assert [r["metric"] for r in table][:3] == ["perplexity", "bits per byte", "bits per byte ÷ unigram"]
     assert {f"{lang}: bits per byte ÷ unigram" for lang in res["metrics"]["per_language"]} <= set(rows)
     md = stats[next(r for r in ctx.reports if r.kind == "stats-markdown").payload]  # beside the previous model
-    assert "| metric | this model | unigram |" in md and f"**{base['bits_per_byte_ratio']:.3f}**" in md
+    assert "| metric | this model | ± stderr | unigram |" in md and f"**{base['bits_per_byte_ratio']:.3f}**" in md

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,10 +13,8 @@ from llmpipe.evaluation.data import load_sequences
 from llmpipe.evaluation.metrics import (
     EvalSequence,
     Tally,
-    choice_logprobs,
     evaluate_model,
     load_task,
-    task_accuracy,
     token_byte_lengths,
 )
 from llmpipe.evaluation.model_io import load_model, load_tokenizer
@@ -125,26 +122,6 @@ def test_byte_lengths_are_exact_for_multibyte_text(lm) -> None:  # noqa: ANN001
     lens = token_byte_lengths(tok)
     assert int(lens[ids].sum()) == len(text.encode("utf-8"))
     assert lens[tok.eos_token_id] == 0 and lens[tok.pad_token_id] == 0
-
-
-def test_multiple_choice_scorer(lm, tmp_path: Path) -> None:  # noqa: ANN001
-    model, tok = lm
-    lp = choice_logprobs(model, tok, "The cat sees the red", [" ball.", " road."])
-    ctx_ids = tok("The cat sees the red", add_special_tokens=False).input_ids
-    for choice, got in zip([" ball.", " road."], lp, strict=True):
-        c_ids = tok(choice, add_special_tokens=False).input_ids
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=torch.tensor([ctx_ids + c_ids])).logits[0].double(), -1)
-        want = sum(float(logp[len(ctx_ids) - 1 + j, c]) for j, c in enumerate(c_ids))
-        assert got == pytest.approx(want, abs=1e-4)
-    task = tmp_path / "cloze.jsonl"
-    rows = [{"context": "The teacher paints the red", "choices": [" river.", " ball."], "label": 1},
-            {"context": "Die Katze sieht den roten", "choices": [" Ball.", " Fluss."], "label": 0},
-            {"context": "My friend likes the old", "choices": [" tree.", " bird."], "label": 0},
-            {"context": "Ein Kind malt ein kleines", "choices": [" Weg.", " Haus."], "label": 1}]
-    task.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    res = task_accuracy(model, tok, load_task(task))
-    assert res["n"] == 4 and res["acc"] >= 0.75
 
 
 @pytest.mark.parametrize("line, msg", [

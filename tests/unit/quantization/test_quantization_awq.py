@@ -40,7 +40,9 @@ def evaluated(toy_lm, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001
     root = tmp_path_factory.mktemp("quant")
     store = ArtifactStore(root / "store")
     ev = root / "evaluate"
-    run_evaluate(ctx_for("evaluate", EvaluateConfig(max_sequences=None, prompts=["The cat"], max_new_tokens=8),
+    cfg = EvaluateConfig(max_sequences=None, prompts=["The cat"], max_new_tokens=8,
+                         harness={"tasks": ["tiny_mc", "tiny_docs"]})
+    run_evaluate(ctx_for("evaluate", cfg,
                          {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize}, ev, store))
     return root, store, {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize, "evaluate": ev}
 
@@ -123,6 +125,19 @@ def test_gate_with_threshold_zero_judges_the_real_numbers(evaluated) -> None:  #
     assert f"{fp:.4f}" in str(e.value) and f"{q:.4f}" in str(e.value)
     verdict = check_gate(worse, better, GateConfig(max_ppl_increase=0.0))  # the other direction passes it
     assert verdict["passed"] and verdict["checks"][0]["change"] < 0
+    # a harness metric, computed the same way for both models: the same tasks under the same config
+    assert q_m["harness"]["config"] == fp_m["harness"]["config"] and q_m["harness"]["tasks"]["tiny_docs"]["samples"] == 12
+    # what the issue says of a 1-point limit on tens of items: 4-bit flips an item or two of tiny_mc
+    # (2 points each) inside its standard error (~7 points); the gate reports which
+    mc = check_gate(fp_m, q_m, GateConfig(enabled=False, max_ppl_increase=1.0, metrics={"tiny_mc/acc": -0.0}))
+    assert mc["checks"][-1]["stderr"] > abs(mc["checks"][-1]["change"]) or mc["checks"][-1]["noise"] == "beyond noise"
+    name = "tiny_docs/bits_per_byte"
+    fp_b, q_b = (m["harness"]["tasks"]["tiny_docs"]["metrics"]["bits_per_byte"] for m in (fp_m, q_m))
+    assert q_b != fp_b
+    better, worse = (fp_m, q_m) if q_b > fp_b else (q_m, fp_m)
+    with pytest.raises(QualityGateError, match=rf"{name} moved \+.*allowed at most \+0%"):
+        check_gate(better, worse, GateConfig(max_ppl_increase=1.0, metrics={name: "+0%"}))
+    assert check_gate(worse, better, GateConfig(max_ppl_increase=1.0, metrics={name: "+0%"}))["passed"]
 
 
 @pytest.mark.slow
@@ -142,6 +157,23 @@ def test_stage_with_threshold_zero_raises_before_publishing(evaluated, tmp_path:
     assert not (ctx.out / "results.json").exists()
 
 
+def test_a_gate_on_a_harness_metric_at_zero_stops_the_release(evaluated, tmp_path: Path) -> None:  # noqa: ANN001
+    import shutil
+
+    root, store, inputs = evaluated
+    reference = tmp_path / "evaluate"  # fp whole-document bits per byte no 4-bit model meets
+    shutil.copytree(inputs["evaluate"], reference)
+    res = json.loads((reference / "results.json").read_text())
+    res["metrics"]["harness"]["tasks"]["tiny_docs"]["metrics"]["bits_per_byte"] /= 2
+    (reference / "results.json").write_text(json.dumps(res))
+    cfg = QuantizeConfig(scheme="int8_dynamic", gate={"metrics": {"tiny_docs/bits_per_byte": "+0%"}})
+    ctx = ctx_for("quantize", cfg, {**inputs, "evaluate": reference}, root / "int8-strict", store)
+    with pytest.raises(QualityGateError, match=r"tiny_docs/bits_per_byte moved \+\d+.*% \(fp \d\.\d{4} -> quantized "
+                                               r"\d+\.\d{4}\); allowed at most \+0% \(no standard error\)"):
+        run_quantize(ctx)
+    assert not (ctx.out / "results.json").exists()
+
+
 def test_int8_dynamic_scheme(evaluated) -> None:  # noqa: ANN001
     from llmpipe.quantization.int8 import MARKER, load_for_serving
 
@@ -157,8 +189,8 @@ def test_int8_dynamic_scheme(evaluated) -> None:  # noqa: ANN001
 
 
 def test_gate_accuracy_drop_in_points() -> None:
-    fp = {"overall": {"perplexity": 10.0}, "tasks": {"cloze": {"acc": 0.80}}}
-    q = {"overall": {"perplexity": 10.1}, "tasks": {"cloze": {"acc": 0.78}}}
+    fp = {"overall": {"perplexity": 10.0}, "harness": {"tasks": {"cloze": {"metrics": {"acc": 0.80}, "source": "evaluate.tasks"}}}}
+    q = {"overall": {"perplexity": 10.1}, "harness": {"tasks": {"cloze": {"metrics": {"acc": 0.78}, "source": "evaluate.tasks"}}}}
     assert check_gate(fp, q, GateConfig(max_ppl_increase=0.02, max_accuracy_drop=2.5))["passed"]
     with pytest.raises(QualityGateError, match=r"'cloze' accuracy fell 2.00 points \(fp 0.8000 -> quantized 0.7800\)"):
         check_gate(fp, q, GateConfig(max_ppl_increase=0.02, max_accuracy_drop=1.0))
