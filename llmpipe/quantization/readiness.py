@@ -6,7 +6,7 @@ calibration with an artifact the server cannot load.
 
 - ``deploy.backend: python`` (CPU or GPU): ``transformers`` decompresses the compressed-tensors
   checkpoint to dense weights, so any group size that divides the layer widths serves; the AWQ
-  step lowers ``quantize.group_size`` until it does (the tiny preset's 176-wide MLP takes 16).
+  step lowers ``quantize.group_size`` until it does (a 176-wide MLP takes 16; the tiny preset's 64 and 192 take 64).
 - ``deploy.backend: vllm``: vLLM runs W4A16 (4-bit weights, 16-bit activations) on Marlin, the
   kernel it picks for compressed-tensors group quantization on Ampere and newer GPUs. Marlin takes
   group sizes 32, 64 and 128, and tiles each weight in 128 input by 64 output columns
