@@ -32,7 +32,7 @@ from llmpipe.stage import StageContext, stage
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
-@stage("deploy", version="9", inputs=("quantize",), config_field="deploy", flow="release",
+@stage("deploy", version="10", inputs=("quantize",), config_field="deploy", flow="release",
        requires=("torch", "transformers", "tritonclient"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
