@@ -27,6 +27,7 @@ request's inputs, never replays a sampled answer; the same seed gives the same a
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import secrets
 import threading
@@ -723,10 +724,6 @@ class ApiServer:
         return f"http://{self.host}:{self.port}/v1"
 
 
-class ApiPortBusy(OSError):
-    """The API's port is taken by another process."""
-
-
 @contextmanager
 def serve_api(cfg: ApiConfig, host: str = "127.0.0.1", port: int = 0,
               startup_timeout_s: float = 60.0) -> Iterator[ApiServer]:
@@ -736,13 +733,18 @@ def serve_api(cfg: ApiConfig, host: str = "127.0.0.1", port: int = 0,
 
     import uvicorn
 
+    from llmpipe.serving.server import PortBusy
+
     app = create_app(cfg)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ApiPortBusy(f"the OpenAI API could not bind {host}:{port}: {e.strerror or e}") from None
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise PortBusy(f"the OpenAI API could not start: its port {host}:{port} is in use by another process "
+                       f"({e.strerror or e})", port) from None
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="llmpipe-openai-api", daemon=True)
