@@ -249,6 +249,7 @@ class TritonEngine:
     async def stream(self, job: Job) -> AsyncIterator[tuple[list[int], str]]:
         """(new ids, their text) as the streaming model sends them; ends after ``max_tokens`` tokens or an
         end-of-text id (``eos``), or with the model's error. Closing the iterator cancels the request."""
+        import grpc
         from tritonclient.utils import InferenceServerException
 
         if self.cfg.stream_model is None:  # no streaming model: the whole answer as one piece
@@ -271,7 +272,7 @@ class TritonEngine:
                 yield new, "" if text is None else text.tobytes().decode("utf-8", errors="replace")
                 if got >= job.max_tokens or (new and new[-1] in self.eos):
                     return
-        except InferenceServerException as e:
+        except (InferenceServerException, grpc.RpcError) as e:  # the stream's own call fails as a gRPC error
             raise engine_error(e) from None
         finally:
             responses.cancel()  # done or abandoned (a stop string, a client gone): the model stops too
@@ -279,7 +280,10 @@ class TritonEngine:
 
 def engine_error(e: Exception) -> ApiError:
     """The API error for an error of the engine: its status where gRPC gives one, else its words."""
-    status, msg = str(getattr(e, "status", lambda: "")() or ""), str(getattr(e, "message", lambda: e)() or e)
+    if callable(getattr(e, "code", None)):  # a gRPC error
+        status, msg = str(e.code()), str(e.details())  # type: ignore[attr-defined]
+    else:  # tritonclient's
+        status, msg = str(getattr(e, "status", lambda: "")() or ""), str(getattr(e, "message", lambda: e)() or e)
     if "overloaded" in msg:
         return overloaded(msg)
     if "Exceeds maximum queue size" in msg:  # Triton's dynamic batcher, at deploy.max_waiting queued requests
