@@ -225,14 +225,14 @@ class TritonEngine:
             t.set_data_from_numpy(value)
             return t
 
-        inputs = [tensor("input_ids", np.asarray([job.ids], dtype=np.int64), "INT64"),
-                  tensor("max_tokens", np.asarray([[job.max_tokens]], dtype=np.int32), "INT32"),
-                  tensor("temperature", np.asarray([[job.temperature]], dtype=np.float32), "FP32")]
-        if job.temperature > 0:
-            inputs += [tensor("top_p", np.asarray([[job.top_p]], dtype=np.float32), "FP32"),
-                       tensor("top_k", np.asarray([[job.top_k]], dtype=np.int32), "INT32"),
-                       tensor("seed", np.asarray([[job.seed]], dtype=np.int64), "INT64")]
-        return inputs
+        # every request sends the same inputs (a greedy one seed 0): Triton's dynamic batcher batches only
+        # requests with the same set of inputs, and greedy and sampled requests are to share a batch
+        return [tensor("input_ids", np.asarray([job.ids], dtype=np.int64), "INT64"),
+                tensor("max_tokens", np.asarray([[job.max_tokens]], dtype=np.int32), "INT32"),
+                tensor("temperature", np.asarray([[job.temperature]], dtype=np.float32), "FP32"),
+                tensor("top_p", np.asarray([[job.top_p]], dtype=np.float32), "FP32"),
+                tensor("top_k", np.asarray([[job.top_k]], dtype=np.int32), "INT32"),
+                tensor("seed", np.asarray([[job.seed or 0]], dtype=np.int64), "INT64")]
 
     async def complete(self, job: Job) -> tuple[list[int], str]:
         from tritonclient.utils import InferenceServerException

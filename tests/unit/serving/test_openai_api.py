@@ -246,7 +246,8 @@ def test_mixed_temperatures_share_one_forward_pass(triton: srv.TritonServer) -> 
     done: queue.Queue[tuple[int, object, object]] = queue.Queue()
     with TextClient(triton.grpc_url, MODEL, "grpc") as c:
         before = batch_histogram(c.statistics(), MODEL)
-        requests = [c.prepare(input_ids=[21, 30, 41], max_tokens=12, temperature=0.0),
+        # the same inputs in both (Triton batches only requests with the same set of inputs; the API sends all)
+        requests = [c.prepare(input_ids=[21, 30, 41], max_tokens=12, temperature=0.0, seed=0),
                     c.prepare(input_ids=[22, 30, 42], max_tokens=12, temperature=1.5, seed=5)]
         for i, inputs in enumerate(requests):  # sent back to back: well inside the 100 ms batching window
             c.client.async_infer(MODEL, inputs, partial(lambda i, result, error: done.put((i, result, error)), i))
@@ -260,34 +261,46 @@ def test_mixed_temperatures_share_one_forward_pass(triton: srv.TritonServer) -> 
     assert passes == max(len(v) for v in out.values())  # grouped by temperature it was the sum
 
 
-def test_overload_is_429_with_a_clear_error(client: openai.OpenAI, triton: srv.TritonServer, api: str) -> None:
-    """2 rows + 2 waiting streams: the fifth stream is refused at once, 429 through the API; and the API's
-    own bound on requests in flight."""
-    prompt = next(p for p in (PROMPT, "once upon a time", "numbers 12345", "sehr geehrte", "hello world")
-                  if client.completions.create(model=MODEL, prompt=p, max_tokens=200, temperature=0)
-                  .usage.completion_tokens == 200)  # long answers: the rows stay busy
+@pytest.fixture(scope="module")
+def long_prompt(client: openai.OpenAI) -> str:
+    """A prompt whose greedy answer runs to 256 tokens (no end-of-text): its streams keep their rows busy."""
+    found = next((p for p in (PROMPT, "once upon a time", "numbers 12345", "sehr geehrte", "hello world", "pipelines")
+                  if client.completions.create(model=MODEL, prompt=p, max_tokens=256, temperature=0)
+                  .usage.completion_tokens == 256), None)
+    assert found is not None, "no prompt ran to 256 tokens"  # the tiny random model may end early
+    return found
+
+
+def test_overload_is_429_with_a_clear_error(client: openai.OpenAI, triton: srv.TritonServer, long_prompt: str) -> None:
+    """2 rows + 2 waiting streams: six long streams at once, those beyond are refused at once (429 through
+    the API, counted by the model) and the others are served; and the API's own bound on requests in flight."""
     refused0 = metric_sum(read_metrics(triton.metrics_url), ERRORS_METRIC, model=STREAM, reason="overloaded")
-    # two streams in the two rows (the API answers once their first token is there), two waiting for a row
-    running = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=200, temperature=0, stream=True)
-               for _ in range(2)]
-    waiting = [threading.Thread(target=lambda: list(client.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True))) for _ in range(2)]
-    try:
-        for t in waiting:
-            t.start()
-        time.sleep(0.3)
-        e = _error(lambda: client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stream=True))
-        assert e.status_code == 429 and isinstance(e, openai.RateLimitError) and "overloaded" in e.body["message"]
-        assert metric_sum(read_metrics(triton.metrics_url), ERRORS_METRIC, model=STREAM,
-                          reason="overloaded") == refused0 + 1
-    finally:
-        for s in running:
-            s.close()  # the API cancels their requests: the rows free, the waiting streams run
-        for t in waiting:
-            t.join()
+    gate, results = threading.Barrier(6), []
+
+    def one() -> None:
+        gate.wait()
+        try:
+            chunks = list(client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=256, temperature=0,
+                                                    stream=True))
+            results.append(chunks[-1].choices[0].finish_reason)
+        except openai.APIStatusError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [r for r in results if isinstance(r, openai.APIStatusError)]
+    assert refused and all(e.status_code == 429 and isinstance(e, openai.RateLimitError) for e in refused)
+    assert all("overloaded" in e.body["message"] and "deploy.max_waiting" in e.body["message"] for e in refused)
+    assert all(r in ("stop", "length") for r in results if not isinstance(r, openai.APIStatusError))
+    assert len(refused) <= 2  # 4 fit (2 rows, 2 waiting)
+    assert metric_sum(read_metrics(triton.metrics_url), ERRORS_METRIC, model=STREAM,
+                      reason="overloaded") == refused0 + len(refused)
     with serve_api(api_config(triton.repo, triton.grpc_url, max_in_flight=1)) as a:
         c = openai.OpenAI(base_url=a.url, api_key="none", max_retries=0, timeout=60)
-        held = c.completions.create(model=MODEL, prompt=prompt, max_tokens=64, temperature=0, stream=True)
+        held = c.completions.create(model=MODEL, prompt=long_prompt, max_tokens=256, temperature=0, stream=True)
         try:
             e = _error(lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))
             assert e.status_code == 429 and "max_in_flight 1" in e.body["message"]
