@@ -49,6 +49,7 @@ ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an erro
 TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
 PASSES_METRIC = "llmpipe_stream_forward_passes_total"  # the streaming model's forward passes (prefill or step)
 RESPONSES_METRIC = "llmpipe_stream_responses_total"  # the streaming model's responses that carried tokens
+UNSTARTED_METRIC = "llmpipe_stream_cancelled_unstarted_total"  # streams cancelled while they waited: never prefilled
 STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
@@ -835,6 +836,8 @@ class TritonPythonModel:
             pb_utils.MetricFamily(name=RESPONSES_METRIC, description="Responses of the streaming model that carried "
                                   "tokens; tokens / responses above 1: sends fell behind and tokens left together",
                                   kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name=UNSTARTED_METRIC, description="Streams whose client cancelled while they "
+                                  "waited for a row: dropped before their prefill", kind=pb_utils.MetricFamily.COUNTER),
         ]
         self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
         self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
@@ -842,6 +845,7 @@ class TritonPythonModel:
         self.tokens = self.families[1].Metric(labels=labels)
         self.passes = self.families[2].Metric(labels=labels)
         self.responses = self.families[3].Metric(labels=labels)
+        self.unstarted = self.families[4].Metric(labels=labels)
         self.outbox = self.scheduler = None
         if self.decoupled:
             # three threads share this process's GIL: the generation thread runs Python most of the
@@ -923,7 +927,8 @@ class TritonPythonModel:
             self.overloaded.increment(len(refused))
 
     def _stream_cancelled(self, stream: Stream) -> None:
-        """Its client cancelled while it waited: closed, never prefilled."""
+        """Its client cancelled while it waited: closed, never prefilled (counted)."""
+        self.unstarted.increment(1)
         self.outbox.put(stream.owner, stream.owner.sender, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _stream(self, request: GenRequest, sender: Any) -> Stream:
@@ -977,4 +982,5 @@ class TritonPythonModel:
         self.gen = None
         # the metrics go before their families
         self.refused = self.failed = self.overloaded = self.tokens = self.passes = self.responses = None
+        self.unstarted = None
         self.families = []

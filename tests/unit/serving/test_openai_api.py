@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
@@ -27,7 +28,7 @@ from llmpipe.serving.loadtest import batch_histogram
 from llmpipe.serving.monitoring import metric_sum, read_metrics
 from llmpipe.serving.openai_api import ApiConfig, StopScan, api_config, serve_api
 from llmpipe.serving.repository import write_model_repository
-from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC
+from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC, UNSTARTED_METRIC
 
 openai = pytest.importorskip("openai")
 
@@ -306,3 +307,33 @@ def test_overload_is_429_with_a_clear_error(client: openai.OpenAI, triton: srv.T
             assert e.status_code == 429 and "max_in_flight 1" in e.body["message"]
         finally:
             held.close()
+
+
+def test_a_stream_cancelled_while_it_waits_is_never_prefilled(client: openai.OpenAI, triton: srv.TritonServer,
+                                                               long_prompt: str) -> None:
+    """Both rows busy with long streams, a third stream waits and its client cancels: when a row frees,
+    the model drops it unprefilled (its own counter), and the next stream is served."""
+    def unstarted() -> float:
+        return metric_sum(read_metrics(triton.metrics_url), UNSTARTED_METRIC, model=STREAM)
+
+    before = unstarted()
+    running = [client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=256, temperature=0, stream=True)
+               for _ in range(2)]  # the API answers once their first token is there: both rows taken
+    with TextClient(triton.grpc_url, STREAM, "grpc") as c:
+        inputs = c.prepare(prompt=PROMPT, max_tokens=8)
+    raw = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        raw.start_stream(callback=lambda result, error: None)
+        raw.async_stream_infer(STREAM, inputs, request_id="waits")
+        time.sleep(0.2)
+        raw.stop_stream(cancel_requests=True)  # tritonclient's public cancellation
+    finally:
+        raw.close()
+        for r in running:
+            r.close()  # the API cancels them: the rows free and the waiting stream comes up
+    deadline = time.monotonic() + 60
+    while unstarted() != before + 1:
+        assert time.monotonic() < deadline, "the cancelled waiting stream was not dropped before its prefill"
+        time.sleep(0.3)
+    after = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, stream=True)
+    assert [c.choices[0].finish_reason for c in after][-1] in ("stop", "length")  # and the model serves on
