@@ -7,7 +7,8 @@ whole, with ``usage`` and ``finish_reason`` (``stop``: end-of-text or a ``stop``
 and ``n`` (n requests to the engine). Errors are OpenAI's error objects
 (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad request or a prompt over the
 context length (the limit named), 401 for a wrong API key, 404 for an unknown model, 429 when the
-engine's queue (or this front end's in-flight bound) is full, 503 when the engine is not ready.
+engine's queue (or this front end's in-flight bound) is full, 503 when the engine is not ready, 504
+when it does not answer within ``timeout_s``.
 ``/health`` answers 200 when the engine's models are ready, ``/metrics`` is Prometheus text.
 
 Why a front end and not Triton's own LLM convention (``text_input`` / ``text_output`` BYTES tensors
@@ -288,6 +289,8 @@ def engine_error(e: Exception) -> ApiError:
         return overloaded(msg)
     if "Exceeds maximum queue size" in msg:  # Triton's dynamic batcher, at deploy.max_waiting queued requests
         return overloaded(f"overloaded: the model's queue is full (deploy.max_waiting); retry later ({msg})")
+    if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in msg:
+        return ApiError(504, f"the model server did not answer in time ({msg})", "timeout", code="timeout")
     if "UNAVAILABLE" in status or "failed to connect" in msg or "not ready" in msg or "unknown model" in msg:
         return not_ready(f"the model server is not ready: {msg}")
     if "generation failed" in msg or "INTERNAL" in status:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import queue
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -299,14 +300,30 @@ def test_overload_is_429_with_a_clear_error(client: openai.OpenAI, triton: srv.T
     assert len(refused) <= 2  # 4 fit (2 rows, 2 waiting)
     assert metric_sum(read_metrics(triton.metrics_url), ERRORS_METRIC, model=STREAM,
                       reason="overloaded") == refused0 + len(refused)
-    with serve_api(api_config(triton.repo, triton.grpc_url, max_in_flight=1)) as a:
-        c = openai.OpenAI(base_url=a.url, api_key="none", max_retries=0, timeout=60)
-        held = c.completions.create(model=MODEL, prompt=long_prompt, max_tokens=256, temperature=0, stream=True)
-        try:
-            e = _error(lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))
-            assert e.status_code == 429 and "max_in_flight 1" in e.body["message"]
-        finally:
-            held.close()
+
+
+def test_requests_beyond_the_apis_own_bound_get_429(checkpoint: Path) -> None:
+    """An engine that takes the connection and never answers holds the one request allowed in flight:
+    the next one is refused at once, and the held one ends with 504 at its deadline."""
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()  # the kernel completes the handshake; nobody ever speaks gRPC on it
+        cfg = ApiConfig(triton_grpc=f"127.0.0.1:{mute.getsockname()[1]}", model=MODEL, stream_model=STREAM,
+                        checkpoint=checkpoint, max_in_flight=1, timeout_s=5)
+        with serve_api(cfg) as a:
+            c = openai.OpenAI(base_url=a.url, api_key="none", max_retries=0, timeout=60)
+            held: list[openai.APIStatusError] = []
+            t = threading.Thread(target=lambda: held.append(_error(
+                lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))))
+            t.start()
+            deadline = time.monotonic() + 3
+            while True:  # until the held request has its slot (the refusal says so)
+                e = _error(lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))
+                if e.status_code == 429 or time.monotonic() > deadline:
+                    break
+            assert e.status_code == 429 and "max_in_flight 1" in e.body["message"] and e.body["code"] == "overloaded"
+            t.join()
+            assert held[0].status_code == 504 and held[0].body["code"] == "timeout"
 
 
 def test_a_stream_cancelled_while_it_waits_is_never_prefilled(client: openai.OpenAI, triton: srv.TritonServer,
