@@ -731,6 +731,10 @@ class ApiServer:
         return f"http://{self.host}:{self.port}/v1"
 
 
+class ApiPortBusy(OSError):
+    """The API's port is taken by another process (the message names it)."""
+
+
 @contextmanager
 def serve_api(cfg: ApiConfig, host: str = "127.0.0.1", port: int = 0,
               startup_timeout_s: float = 60.0) -> Iterator[ApiServer]:
@@ -740,8 +744,6 @@ def serve_api(cfg: ApiConfig, host: str = "127.0.0.1", port: int = 0,
 
     import uvicorn
 
-    from llmpipe.serving.server import PortBusy
-
     app = create_app(cfg)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
@@ -750,8 +752,8 @@ def serve_api(cfg: ApiConfig, host: str = "127.0.0.1", port: int = 0,
         sock.close()
         if e.errno != errno.EADDRINUSE:
             raise
-        raise PortBusy(f"the OpenAI API could not start: its port {host}:{port} is in use by another process "
-                       f"({e.strerror or e})", port) from None
+        raise ApiPortBusy(f"the OpenAI API could not start: its port {host}:{port} is in use by another process "
+                          f"({e.strerror or e})") from None
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="llmpipe-openai-api", daemon=True)

@@ -364,7 +364,7 @@ def _api(server: TritonServer, port: int | None, host: str, api_key: str | None)
     from llmpipe.serving.openai_api import api_config, serve_api
 
     cfg = api_config(server.repo, server.grpc_url, api_key=api_key)
-    with serve_api(cfg, host, port) as api:  # PortBusy, naming the port, when it is taken
+    with serve_api(cfg, host, port) as api:  # ApiPortBusy, naming the port, when it is taken
         yield _Api(api.url, cfg.name)
 
 

@@ -27,7 +27,7 @@ from llmpipe.serving.client import TextClient
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.loadtest import batch_histogram
 from llmpipe.serving.monitoring import metric_sum, read_metrics
-from llmpipe.serving.openai_api import ApiConfig, StopScan, api_config, serve_api
+from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, serve_api
 from llmpipe.serving.repository import write_model_repository
 from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC, UNSTARTED_METRIC
 
@@ -354,3 +354,14 @@ def test_a_stream_cancelled_while_it_waits_is_never_prefilled(client: openai.Ope
         time.sleep(0.3)
     after = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, stream=True)
     assert [c.choices[0].finish_reason for c in after][-1] in ("stop", "length")  # and the model serves on
+
+
+def test_a_taken_api_port_is_named(checkpoint: Path) -> None:
+    cfg = ApiConfig(triton_grpc="127.0.0.1:1", model=MODEL, stream_model=STREAM, checkpoint=checkpoint)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ApiPortBusy, match=f"its port 127.0.0.1:{port} is in use by another process"):
+            with serve_api(cfg, port=port):
+                pass
