@@ -8,6 +8,10 @@ Layout (Python backend)::
     <repo>/<model>/<version>/checkpoint/...           # the quantize artifact's HF checkpoint (hard links)
     <repo>/<model>_stream/...                         # with ``streaming``: the same files, decoupled config
 
+Inputs: a ``prompt`` (UTF-8 bytes) or ``input_ids``, ``max_tokens``, and the sampling: ``temperature``,
+``top_k``, ``top_p``, ``seed`` (all optional; Triton batches only requests that send the same set).
+The batch model's queue is bounded (``default_queue_policy { max_queue_size: deploy.max_waiting }``).
+
 The streaming model runs the same model.py: its config.pbtxt sets ``model_transaction_policy
 { decoupled: true }``, so it answers each request with one response per generated token (gRPC
 streaming, HTTP ``generate_stream``); it has no response cache (Triton caches only one-response models).

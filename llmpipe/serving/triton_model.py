@@ -10,18 +10,26 @@ look the way they do:
   stub of Triton 2.51 (built against numpy 1) corrupts every multi-element tensor it converts to
   numpy (``as_numpy`` repeats the first element) and crashes deserialising ``BYTES`` inputs. Every
   tensor therefore moves through DLPack (``to_dlpack`` / ``Tensor.from_dlpack``), never numpy.
+  Clients speak OpenAI's API to the front end (``llmpipe/serving/openai_api.py``), which sends ids.
+* A request is one prompt (shape ``[1, n]``; ``[k, n]`` is refused, not merged) with its own
+  sampling (``temperature``, ``top_k``, ``top_p``, ``seed``); a prompt and its ``max_tokens`` must
+  fit the model's positions together (refused, naming the context length, otherwise).
 * The batch model: the dynamic batcher hands ``execute`` several requests at once; they are
-  generated together as one left-padded batch (that is where batching pays), grouped by
-  temperature, and each request gets its own response or its own error, so one bad request never
-  fails its neighbours.
+  generated together as one left-padded batch (that is where batching pays), whatever their
+  sampling (one forward pass per step), and each request gets its own response or its own error,
+  so one bad request never fails its neighbours. With Triton's response cache on (its key: the
+  inputs), a sampled request must carry a seed, else one sampled answer would be replayed to all.
 * The streaming model batches in flight: ``execute`` hands its streams to a generation thread and
   returns, and a stream joins the running batch at its next decode step and leaves it at its last
   token (:class:`RunningBatch`), so a stream that arrives while others run waits one step for its
-  first token, not for their whole answers.
+  first token, not for their whole answers. At most ``max_waiting`` streams wait for a row (more
+  are refused at once, ``overloaded``: a queue out of Triton's sight must not grow without bound),
+  and a waiting stream whose client cancelled is dropped before its prefill.
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
   its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
-  batch whose generation raised), which the error-rate alert adds to Triton's failures.
+  batch whose generation raised, ``overloaded``: the waiting list was full), which the error-rate
+  alert adds to Triton's failures.
 """
 
 from __future__ import annotations
