@@ -164,6 +164,15 @@ def test_curl_reads_server_sent_events(api: str) -> None:
     plain = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", f"{api}/models"], capture_output=True, text=True,
                            check=True).stdout.rsplit("\n", 1)
     assert plain[1] == "401" and json.loads(plain[0])["error"]["code"] == "invalid_api_key"
+    # the API's own Prometheus metrics (open, like /health): requests by endpoint and status, tokens
+    from llmpipe.serving.monitoring import parse_metrics
+
+    metrics = parse_metrics(subprocess.run(["curl", "-sS", api.replace("/v1", "/metrics")], capture_output=True,
+                                           text=True, check=True).stdout)
+    assert metric_sum(metrics, "llmpipe_api_requests_total", endpoint="/v1/completions", status="200") >= 1
+    assert metric_sum(metrics, "llmpipe_api_requests_total", endpoint="/v1/models", status="401") >= 1
+    assert metric_sum(metrics, "llmpipe_api_tokens_total", kind="completion") >= 1
+    assert metric_sum(metrics, "llmpipe_api_time_to_first_token_seconds_count", endpoint="completions") >= 1
 
 
 def _error(call: object) -> openai.APIStatusError:
