@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
@@ -30,8 +31,6 @@ from llmpipe.serving.monitoring import metric_sum, read_metrics
 from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, serve_api
 from llmpipe.serving.repository import write_model_repository
 from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC, UNSTARTED_METRIC
-
-openai = pytest.importorskip("openai")
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")]
