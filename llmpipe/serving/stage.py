@@ -33,7 +33,7 @@ PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
 @stage("deploy", version="10", inputs=("quantize",), config_field="deploy", flow="release",
-       requires=("torch", "transformers", "tritonclient"), extra="serve")
+       requires=("torch", "transformers", "tritonclient", "fastapi", "uvicorn"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
     from llmpipe.evaluation.model_io import find_checkpoint
