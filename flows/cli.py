@@ -265,9 +265,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from llmpipe.serving.server import main_serve
 
     monitor_dir = Path(__file__).resolve().parent.parent / "deployments" / "monitoring" if args.monitor else None
+    import os
+
+    api_key = args.api_key or os.environ.get("LLMPIPE_API_KEY") or None
     return int(main_serve(args.artifact, config=args.config, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, monitor_dir=monitor_dir,
-                          prometheus_port=args.prometheus_port, alertmanager_port=args.alertmanager_port) or 0)
+                          prometheus_port=args.prometheus_port, alertmanager_port=args.alertmanager_port,
+                          api_port=None if args.no_api else args.api_port, api_host=args.api_host,
+                          api_key=api_key) or 0)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -374,6 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "deployments/monitoring; alerts print here")
     sv.add_argument("--prometheus-port", type=int, default=9090)
     sv.add_argument("--alertmanager-port", type=int, default=9093)
+    sv.add_argument("--api-port", type=int, default=8080, help="the OpenAI-compatible API's port (/v1/completions, "
+                    "/v1/chat/completions, /v1/models); 0 picks a free one")
+    sv.add_argument("--api-host", default="127.0.0.1", help="the API's address (default: loopback only)")
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
+                    "$LLMPIPE_API_KEY, else none)")
+    sv.add_argument("--no-api", action="store_true", help="serve Triton's own endpoints only, without the API")
     sv.set_defaults(func=cmd_serve)
 
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")

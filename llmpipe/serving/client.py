@@ -96,14 +96,14 @@ class TextClient:
         return self.client.infer(self.model, inputs, outputs=self._outputs)
 
     def prepare(self, prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 16,
-                temperature: float = 0.0) -> list[Any]:
+                temperature: float = 0.0, seed: int | None = None) -> list[Any]:
         """One request's input tensors, to send as often as needed (``generate(prepared=...)``,
         ``stream(prepared=...)``): a load test repeats its requests, and building the tensors anew
         each time costs the client, on the server's cores, as much CPU as sending them."""
-        return self._inputs(prompt, input_ids, max_tokens, temperature)
+        return self._inputs(prompt, input_ids, max_tokens, temperature, seed)
 
     def _inputs(self, prompt: str | None, input_ids: list[int] | None, max_tokens: int,
-                temperature: float) -> list[Any]:
+                temperature: float, seed: int | None = None) -> list[Any]:
         inputs = []
         if prompt is not None:
             raw = np.frombuffer(prompt.encode("utf-8"), dtype=np.uint8).reshape(1, -1)
@@ -112,13 +112,16 @@ class TextClient:
             inputs.append(self.tensor("input_ids", np.asarray([input_ids], dtype=np.int64), "INT64"))
         inputs.append(self.tensor("max_tokens", np.asarray([[max_tokens]], dtype=np.int32), "INT32"))
         inputs.append(self.tensor("temperature", np.asarray([[temperature]], dtype=np.float32), "FP32"))
+        if seed is not None:  # a sampled request's own generator (and, with the response cache, its key)
+            inputs.append(self.tensor("seed", np.asarray([[seed]], dtype=np.int64), "INT64"))
         return inputs
 
     def generate(self, prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 16,
-                 temperature: float = 0.0, prepared: list[Any] | None = None) -> Generation:
+                 temperature: float = 0.0, prepared: list[Any] | None = None, seed: int | None = None) -> Generation:
         """Generate from a prompt or token ids (or a ``prepare``d request); raises tritonclient's
         InferenceServerException on errors."""
-        res = self.infer(prepared if prepared is not None else self._inputs(prompt, input_ids, max_tokens, temperature))
+        res = self.infer(prepared if prepared is not None else
+                         self._inputs(prompt, input_ids, max_tokens, temperature, seed))
         text, ids = res.as_numpy("text"), res.as_numpy("output_ids")
         if text is None or ids is None:  # Triton 2.51's response cache keeps a refused request's error
             raise _server_error(f"{self.model} answered without outputs: with the response cache on, Triton "

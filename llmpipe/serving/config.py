@@ -38,9 +38,13 @@ class DeployConfig(Section):
     max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000, description="how long a request may wait "
                                     "for others to batch with (target gpu: 10000 unless set: bigger batches, "
                                     "up to 10 ms more latency)")
-    # Triton's response cache for the batch model; greedy decoding only (a sampled answer must not be
-    # replayed). Triton 2.51 caches a refused request's error too and replays it as an empty answer.
+    # Triton's response cache for the batch model. Its key is the request's inputs, the seed among them:
+    # with it on, the model refuses a sampled request without a seed (else one sampled answer would be
+    # replayed to all). Triton 2.51 caches a refused request's error too and replays it as an empty answer.
     response_cache: bool = False
+    max_waiting: int = Field(64, ge=1, le=100_000, description="requests that may wait for the batch model "
+                             "(Triton's queue) or for a row of the streaming model's running batch; more are "
+                             "refused at once as overloaded (HTTP 429 through the OpenAI API)")
     streaming: bool = Field(True, description="also write the streaming model `<model_name>_stream` (decoupled: "
                             "a response per new token, or per few when the sends fall behind, over gRPC streaming and HTTP "
                             "generate_stream); Python backend")

@@ -60,6 +60,52 @@ def smoke_test(url: str, model: str, protocol: Protocol = "http", prompt: str = 
             "tokens": len(ids)}
 
 
+def api_smoke_test(base_url: str, model: str, api_key: str | None = None, prompt: str = "Hello",
+                   max_tokens: int = 4) -> list[dict[str, Any]]:
+    """The OpenAI-compatible API (``base_url``: ``http://127.0.0.1:PORT/v1``): ``/v1/models`` names the
+    model, a greedy ``/v1/completions`` answers with usage and finish_reason, and the same request
+    streamed (server-sent events ending ``data: [DONE]``) adds up to the same text; raises on any
+    deviation. Plain HTTP (urllib), the way any client sends it."""
+    _loopback(base_url.split("/v1")[0])
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    listed = json.loads(_http(f"{base_url}/models", None, headers))
+    if [m["id"] for m in listed["data"]] != [model]:
+        raise RuntimeError(f"smoke test (OpenAI API): /v1/models lists {listed['data']}, expected {model!r}")
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    t0 = time.perf_counter()
+    whole = json.loads(_http(f"{base_url}/completions", body, headers))
+    ms = (time.perf_counter() - t0) * 1000
+    choice, usage = whole["choices"][0], whole["usage"]
+    if not 1 <= usage["completion_tokens"] <= max_tokens or choice["finish_reason"] not in ("stop", "length"):
+        raise RuntimeError(f"smoke test (OpenAI API): unexpected answer {whole}")
+    t0 = time.perf_counter()
+    events = _http(f"{base_url}/completions", {**body, "stream": True}, headers).decode().split("\n\n")
+    stream_ms = (time.perf_counter() - t0) * 1000
+    data = [e[len("data: "):] for e in events if e.startswith("data: ")]
+    if not data or data[-1] != "[DONE]":
+        raise RuntimeError(f"smoke test (OpenAI API): the stream did not end with data: [DONE]: {data[-3:]}")
+    chunks = [json.loads(d)["choices"][0] for d in data[:-1]]
+    text = "".join(c["text"] for c in chunks)
+    if text != choice["text"] or chunks[-1]["finish_reason"] != choice["finish_reason"]:
+        raise RuntimeError(f"smoke test (OpenAI API): streamed {text!r} ({chunks[-1]['finish_reason']}), "
+                           f"answered {choice['text']!r} ({choice['finish_reason']})")
+    return [{"protocol": "openai", "model": model, "stream": stream, "ok": True, "latency_ms": round(v, 2),
+             "tokens": usage["completion_tokens"]} for stream, v in ((False, ms), (True, stream_ms))]
+
+
+def _http(url: str, body: dict[str, Any] | None, headers: dict[str, str], timeout_s: float = 60.0) -> bytes:
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 - a loopback URL (checked)
+            return r.read()
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"smoke test (OpenAI API): {url} answered {e.code}: {e.read().decode(errors='replace')}") from None
+
+
 def _ask(c: TextClient, stream: bool, max_tokens: int, **what: Any) -> list[int]:
     if not stream:
         return c.generate(max_tokens=max_tokens, **what).output_ids

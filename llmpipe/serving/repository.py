@@ -8,6 +8,10 @@ Layout (Python backend)::
     <repo>/<model>/<version>/checkpoint/...           # the quantize artifact's HF checkpoint (hard links)
     <repo>/<model>_stream/...                         # with ``streaming``: the same files, decoupled config
 
+Inputs: a ``prompt`` (UTF-8 bytes) or ``input_ids``, ``max_tokens``, and the sampling: ``temperature``,
+``top_k``, ``top_p``, ``seed`` (all optional; Triton batches only requests that send the same set).
+The batch model's queue is bounded (``default_queue_policy { max_queue_size: deploy.max_waiting }``).
+
 The streaming model runs the same model.py: its config.pbtxt sets ``model_transaction_policy
 { decoupled: true }``, so it answers each request with one response per generated token (gRPC
 streaming, HTTP ``generate_stream``); it has no response cache (Triton caches only one-response models).
@@ -37,6 +41,9 @@ INPUTS = (
     ("input_ids", "TYPE_INT64", "[ -1 ]", True),
     ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
     ("temperature", "TYPE_FP32", "[ 1 ]", True),
+    ("top_k", "TYPE_INT32", "[ 1 ]", True),  # 0: no cut
+    ("top_p", "TYPE_FP32", "[ 1 ]", True),
+    ("seed", "TYPE_INT64", "[ 1 ]", True),  # a sampled request's own generator; part of the response cache's key
 )
 OUTPUTS = (("text", "TYPE_UINT8", "[ -1 ]"), ("output_ids", "TYPE_INT64", "[ -1 ]"))
 
@@ -63,8 +70,11 @@ def render_config(cfg: DeployConfig, streaming: bool = False) -> str:
         # streams join the running batch between decode steps (in-flight batching in model.py): a
         # batching window would only delay their first token
         delay = 0 if streaming else cfg.max_queue_delay_us
+        # a bounded queue: Triton refuses what is over it at once (UNAVAILABLE: "Exceeds maximum queue
+        # size"); the streaming model's waiting list is bounded by model.py (llmpipe_serving.json)
+        queue_policy = "" if streaming else f" default_queue_policy {{ max_queue_size: {cfg.max_waiting} }}"
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {sizes} ] "
-                     f"max_queue_delay_microseconds: {delay} }}")
+                     f"max_queue_delay_microseconds: {delay}{queue_policy} }}")
     lines.append(f"instance_group [ {{ count: {cfg.instance_count} kind: {kind} }} ]")
     if streaming:
         lines.append("model_transaction_policy { decoupled: true }")
@@ -98,8 +108,10 @@ def _write_model(checkpoint: Path, repo: Path, cfg: DeployConfig, version: int, 
         (vdir / "model.json").write_text(json.dumps(model_json, indent=2) + "\n")
     else:
         shutil.copyfile(TEMPLATE, vdir / "model.py")
+        # a cached model needs a seed in every sampled request: the seed is part of the cache's key
         limits = {"max_prompt_tokens": cfg.max_prompt_tokens, "max_tokens_limit": cfg.max_tokens_limit,
-                  "default_max_tokens": cfg.default_max_tokens}
+                  "default_max_tokens": cfg.default_max_tokens, "max_waiting": cfg.max_waiting,
+                  "seeded_sampling": cfg.response_cache and not streaming}
         (vdir / SETTINGS_FILE).write_text(json.dumps(limits, indent=2) + "\n")
     return vdir
 

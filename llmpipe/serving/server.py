@@ -318,10 +318,13 @@ def resolve_artifact(artifact: str | Path | None, config: str | Path | None = No
 
 def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None = None, http_port: int = 8000,
                grpc_port: int = 8001, metrics_port: int = 8002, startup_timeout_s: float = 180.0,
-               monitor_dir: Path | None = None, prometheus_port: int = 9090, alertmanager_port: int = 9093) -> int:
+               monitor_dir: Path | None = None, prometheus_port: int = 9090, alertmanager_port: int = 9093,
+               api_port: int | None = 8080, api_host: str = "127.0.0.1", api_key: str | None = None) -> int:
     """``llmpipe serve [ARTIFACT]``: serve a deploy artifact (or a model repository) until Ctrl-C.
 
-    ``monitor_dir`` (``--monitor``: deployments/monitoring): also Prometheus scraping the server with
+    ``api_port`` (None: none): the OpenAI-compatible API in front of the server
+    (:mod:`llmpipe.serving.openai_api`), on ``api_host`` (loopback unless told), with ``api_key``
+    required when given; it runs in this process and stops with it. ``monitor_dir`` (``--monitor``: deployments/monitoring): also Prometheus scraping the server with
     its ``alerts.yml`` and Alertmanager routing with its ``alertmanager.yml`` to a local webhook that
     prints every alert here; they stop with the server.
     """
@@ -329,10 +332,14 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
     try:  # SIGTERM/SIGHUP stop it like Ctrl-C: the server and its stubs are stopped, not left serving
         with interrupt_on(signal.SIGTERM, signal.SIGHUP), \
                 serve(repo, http_port, grpc_port, metrics_port=metrics_port, startup_timeout_s=startup_timeout_s) as server, \
+                _api(server, api_port, api_host, api_key) as api, \
                 _monitoring(server, monitor_dir, prometheus_port, alertmanager_port):
             models = ", ".join(c.parent.name for c in sorted(server.repo.glob("*/config.pbtxt")))
             print(f"serving {models}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
                   f"metrics 127.0.0.1:{server.metrics_port}  (log {server.log_path}); Ctrl-C stops", flush=True)
+            if api is not None:
+                print(f"OpenAI-compatible API: {api.url}  (model {api.model}{', API key required' if api_key else ''})",
+                      flush=True)
             while server.process.poll() is None:
                 time.sleep(0.5)
             print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
@@ -340,6 +347,25 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
             return 1
     except KeyboardInterrupt:
         return 0
+
+
+@dataclass
+class _Api:
+    url: str
+    model: str
+
+
+@contextmanager
+def _api(server: TritonServer, port: int | None, host: str, api_key: str | None) -> Iterator[_Api | None]:
+    """The OpenAI-compatible API in front of ``server`` (None: not started)."""
+    if port is None:
+        yield None
+        return
+    from llmpipe.serving.openai_api import api_config, serve_api
+
+    cfg = api_config(server.repo, server.grpc_url, api_key=api_key)
+    with serve_api(cfg, host, port) as api:  # ApiPortBusy, naming the port, when it is taken
+        yield _Api(api.url, cfg.name)
 
 
 @contextmanager

@@ -7,7 +7,7 @@ Output artifact::
     triton.env                     # MODEL_NAME / STREAM_MODEL_NAME / MODEL_VERSION for deployments/triton/
 
 The repository holds the batch model and (``deploy.streaming``) its streaming model. The check
-smoke-tests both over HTTP and gRPC, load-tests the batch model (latency, throughput, the server's
+smoke-tests both over HTTP and gRPC, and the OpenAI-compatible API in front of them (plain and streamed), load-tests the batch model (latency, throughput, the server's
 batch histogram) and the streaming model at each ``deploy.load_concurrency`` level (TTFT, ITL, e2e
 p50/p90/p99, output tokens/s, requests/s), and fails the release when the p99 of
 ``deploy.slo_figure`` is over ``deploy.slo_p99_ms`` at any level. These figures are measurements of
@@ -32,8 +32,8 @@ from llmpipe.stage import StageContext, stage
 PRODUCTION_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
-@stage("deploy", version="9", inputs=("quantize",), config_field="deploy", flow="release",
-       requires=("torch", "transformers", "tritonclient"), extra="serve")
+@stage("deploy", version="10", inputs=("quantize",), config_field="deploy", flow="release",
+       requires=("torch", "transformers", "tritonclient", "fastapi", "uvicorn"), extra="serve")
 def run_deploy(ctx: StageContext) -> dict[str, Any]:
     """Write a Triton model repository for the quantized model; smoke- and load-test it locally."""
     from llmpipe.evaluation.model_io import find_checkpoint
@@ -84,14 +84,18 @@ def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
     """Start the generated repository on a local server: smoke tests (HTTP, gRPC; batch and streaming
     model), the batch model's load test, then the streaming load test per concurrency level."""
     from llmpipe.serving import loadtest, server
+    from llmpipe.serving.openai_api import api_config, serve_api
+
     streaming = _streams(cfg)
     ctx.progress("start tritonserver", 0, 4)
-    with server.serve(ctx.out / DEPLOY.repository, startup_timeout_s=cfg.startup_timeout_s) as srv:
+    with server.serve(ctx.out / DEPLOY.repository, startup_timeout_s=cfg.startup_timeout_s) as srv, \
+            serve_api(api_config(srv.repo, srv.grpc_url)) as api:
         smoke = [loadtest.smoke_test(srv.http_url, cfg.model_name, "http"),
                  loadtest.smoke_test(srv.grpc_url, cfg.model_name, "grpc")]
         if streaming:
             smoke += [loadtest.smoke_test(srv.http_url, cfg.stream_model_name, "http", stream=True),
                       loadtest.smoke_test(srv.grpc_url, cfg.stream_model_name, "grpc", stream=True)]
+        smoke += loadtest.api_smoke_test(api.url, cfg.model_name)  # what OpenAI clients see
         ctx.progress("load test", 1, 4)
         url = srv.grpc_url if cfg.load_protocol == "grpc" else srv.http_url
         result = loadtest.load_test(

@@ -10,18 +10,26 @@ look the way they do:
   stub of Triton 2.51 (built against numpy 1) corrupts every multi-element tensor it converts to
   numpy (``as_numpy`` repeats the first element) and crashes deserialising ``BYTES`` inputs. Every
   tensor therefore moves through DLPack (``to_dlpack`` / ``Tensor.from_dlpack``), never numpy.
+  Clients speak OpenAI's API to the front end (``llmpipe/serving/openai_api.py``), which sends ids.
+* A request is one prompt (shape ``[1, n]``; ``[k, n]`` is refused, not merged) with its own
+  sampling (``temperature``, ``top_k``, ``top_p``, ``seed``); a prompt and its ``max_tokens`` must
+  fit the model's positions together (refused, naming the context length, otherwise).
 * The batch model: the dynamic batcher hands ``execute`` several requests at once; they are
-  generated together as one left-padded batch (that is where batching pays), grouped by
-  temperature, and each request gets its own response or its own error, so one bad request never
-  fails its neighbours.
+  generated together as one left-padded batch (that is where batching pays), whatever their
+  sampling (one forward pass per step), and each request gets its own response or its own error,
+  so one bad request never fails its neighbours. With Triton's response cache on (its key: the
+  inputs), a sampled request must carry a seed, else one sampled answer would be replayed to all.
 * The streaming model batches in flight: ``execute`` hands its streams to a generation thread and
   returns, and a stream joins the running batch at its next decode step and leaves it at its last
   token (:class:`RunningBatch`), so a stream that arrives while others run waits one step for its
-  first token, not for their whole answers.
+  first token, not for their whole answers. At most ``max_waiting`` streams wait for a row (more
+  are refused at once, ``overloaded``: a queue out of Triton's sight must not grow without bound),
+  and a waiting stream whose client cancelled is dropped before its prefill.
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
   its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
-  batch whose generation raised), which the error-rate alert adds to Triton's failures.
+  batch whose generation raised, ``overloaded``: the waiting list was full), which the error-rate
+  alert adds to Triton's failures.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ ERRORS_METRIC = "llmpipe_request_errors_total"  # requests answered with an erro
 TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
 PASSES_METRIC = "llmpipe_stream_forward_passes_total"  # the streaming model's forward passes (prefill or step)
 RESPONSES_METRIC = "llmpipe_stream_responses_total"  # the streaming model's responses that carried tokens
+UNSTARTED_METRIC = "llmpipe_stream_cancelled_unstarted_total"  # streams cancelled while they waited: never prefilled
 STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
@@ -59,11 +68,17 @@ class BadRequest(ValueError):
 
 @dataclass
 class GenRequest:
-    """One validated request."""
+    """One validated request: its prompt's ids, its budget and how its tokens are picked (``temperature``
+    0: argmax; else a sample of the ``top_k`` most likely tokens (0: all) within ``top_p`` of the mass,
+    drawn from its own generator when it has a ``seed``, so a seeded answer does not depend on its
+    neighbours in the batch)."""
 
     input_ids: list[int]
     max_tokens: int
     temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
 
 
 @dataclass
@@ -73,6 +88,8 @@ class Limits:
     max_prompt_tokens: int = 512
     max_tokens_limit: int = 256
     default_max_tokens: int = 16
+    max_waiting: int = 64  # streams waiting for a row of the running batch; more are refused (overloaded)
+    seeded_sampling: bool = False  # a sampled request must carry a seed (the batch model with Triton's cache)
 
     @classmethod
     def load(cls, path: str) -> Limits:
@@ -80,8 +97,9 @@ class Limits:
             return cls()
         with open(path) as f:
             data = json.load(f)
-        return cls(**{k: int(data[k]) for k in ("max_prompt_tokens", "max_tokens_limit",
-                                                "default_max_tokens") if k in data})
+        return cls(**{k: type(getattr(cls, k))(data[k]) for k in (
+            "max_prompt_tokens", "max_tokens_limit", "default_max_tokens", "max_waiting", "seeded_sampling")
+            if k in data})
 
 
 def _masks(keep: torch.Tensor, steps: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,17 +165,49 @@ def register_cpu_attention() -> str:
     return CPU_ATTENTION
 
 
-def _pick(logits: torch.Tensor, temperature: float, rng: torch.Generator | None) -> torch.Tensor:
-    """Next token per row: argmax, or a sample of softmax(logits / temperature) (no top-k / top-p)."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=rng).reshape(-1)
+def row_generators(rows: list[Any], rng: torch.Generator | None) -> list[torch.Generator | None]:
+    """Each row's generator: its own, seeded, when its request has a ``seed``; else the shared ``rng``
+    (None: torch's default one)."""
+    return [rng if getattr(r, "seed", None) is None else torch.Generator().manual_seed(int(r.seed)) for r in rows]
+
+
+def pick_tokens(logits: torch.Tensor, rows: list[Any], gens: list[torch.Generator | None]) -> torch.Tensor:
+    """Next token per row in one pass whatever the rows' sampling: argmax for a row of temperature 0,
+    else a draw from softmax(logits / temperature) cut to its ``top_k`` / ``top_p``, with one uniform
+    number from the row's generator (inverse CDF), so rows of different temperatures share the pass."""
+    picked = logits.argmax(dim=-1)
+    hot = [i for i, r in enumerate(rows) if r.temperature > 0]
+    if not hot:
+        return picked
+    idx = torch.tensor(hot, dtype=torch.long, device=logits.device)
+    temps = torch.tensor([rows[i].temperature for i in hot], dtype=torch.float32, device=logits.device)
+    probs = _cut(torch.softmax(logits[idx].float() / temps[:, None], dim=-1),
+                 [int(getattr(rows[i], "top_k", 0)) for i in hot], [float(getattr(rows[i], "top_p", 1.0)) for i in hot])
+    cdf = probs.cumsum(dim=-1)
+    u = torch.stack([torch.rand((), generator=gens[i]) for i in hot]).to(logits.device)
+    choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).reshape(-1)
+    picked[idx] = choice.clamp(max=logits.shape[-1] - 1)
+    return picked
+
+
+def _cut(probs: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """``probs`` with each row's tokens outside its ``top_k`` most likely (0: no cut) and outside the
+    smallest set of mass ``top_p`` (1: no cut) zeroed; the most likely token always stays."""
+    if not any(top_k) and all(p >= 1.0 for p in top_p):
+        return probs
+    ranked, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    k = torch.tensor([v if v > 0 else probs.shape[-1] for v in top_k], device=probs.device)[:, None]
+    p = torch.tensor(top_p, dtype=probs.dtype, device=probs.device)[:, None]
+    drop = (rank >= k) | ((ranked.cumsum(dim=-1) - ranked) >= p)
+    drop[:, 0] = False
+    return torch.zeros_like(probs).scatter(-1, order, ranked.masked_fill(drop, 0.0))
 
 
 @torch.inference_mode()
 def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: list[int], eos_ids: set[int],
-                 temperature: float = 0.0, rng: torch.Generator | None = None) -> list[list[int]]:
+                 temperature: float = 0.0, rng: torch.Generator | None = None,
+                 rows: list[GenRequest] | None = None) -> list[list[int]]:
     """Greedy or sampled decoding of a left-padded batch with the model's own forward and a KV cache.
 
     The loop ``generate`` runs, without its per-call and per-step machinery (logits processors,
@@ -165,11 +215,15 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
     passes; 16 tokens for 8 requests then take about 1.25 times what they take for one. Greedy output
     equals ``model.generate`` greedy output (a test pins it). ``keep`` marks real tokens (False on the
     left padding). Row ``i`` gets at most ``budgets[i]`` tokens and stops after an end-of-sequence
-    token; the loop ends when every row is done. (Streams are decoded by :class:`RunningBatch`.)
+    token; the loop ends when every row is done. ``rows``: each row's request, whose sampling it
+    follows (:func:`pick_tokens`: rows of different temperatures in one pass); without them every row
+    is sampled at ``temperature``. (Streams are decoded by :class:`RunningBatch`.)
     """
     from transformers import DynamicCache
 
     n, width = ids.shape
+    rows = rows if rows is not None else [GenRequest([], 1, temperature)] * n
+    gens = row_generators(rows, rng)
     steps = max(budgets)
     padded = not bool(keep.all())
     pos = keep.long().cumsum(-1) - 1
@@ -182,7 +236,7 @@ def decode_batch(model: Any, ids: torch.Tensor, keep: torch.Tensor, budgets: lis
     for _ in range(steps):
         logits = model(input_ids=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1, :]
-        picked = _pick(logits, temperature, rng)
+        picked = pick_tokens(logits, rows, gens)
         for row, tok in enumerate(picked.tolist()):
             if not live[row]:
                 continue
@@ -204,8 +258,10 @@ class Stream:
     request: GenRequest
     on_token: Callable[[int, bool], bool | None]
     owner: Any = None  # what the caller keeps with the stream (the model: its sender)
+    cancelled: Callable[[], bool] | None = None  # asked before its prefill: a stream nobody waits for is dropped
     tokens: int = 0
     done: bool = False
+    generator: torch.Generator | None = None  # its own when its request has a seed (set when it joins)
 
 
 class RunningBatch:
@@ -229,7 +285,7 @@ class RunningBatch:
 
     def _reset(self) -> None:
         self.cache: Any = None
-        self.keep = self.pos = self.last = self.temps = None
+        self.keep = self.pos = self.last = None
 
     def __len__(self) -> int:
         return len(self.streams)
@@ -262,9 +318,10 @@ class RunningBatch:
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                             use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.passes += 1
-        temps = torch.tensor([s.request.temperature for s in streams], dtype=torch.float32, device=device)
-        picked = self._pick(logits, temps)
-        self._merge(streams, cache, keep, pos[:, -1] + 1, picked, temps)
+        for s, g in zip(streams, row_generators([s.request for s in streams], self.rng), strict=True):
+            s.generator = g
+        picked = pick_tokens(logits, [s.request for s in streams], [s.generator for s in streams])
+        self._merge(streams, cache, keep, pos[:, -1] + 1, picked)
         self._emit(len(self.streams) - len(streams), picked)
 
     @torch.inference_mode()
@@ -279,17 +336,9 @@ class RunningBatch:
                             past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.passes += 1
         self.keep, self.pos = full, self.pos + 1
-        picked = self._pick(logits, self.temps)
+        picked = pick_tokens(logits, [s.request for s in self.streams], [s.generator for s in self.streams])
         self.last = picked
         self._emit(0, picked)
-
-    def _pick(self, logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-        picked = logits.argmax(dim=-1)
-        hot = (temps > 0).nonzero().reshape(-1)
-        if len(hot):
-            probs = torch.softmax(logits[hot].float() / temps[hot, None], dim=-1)
-            picked[hot] = torch.multinomial(probs, 1, generator=self.rng).reshape(-1)
-        return picked
 
     def _emit(self, first: int, picked: torch.Tensor) -> None:
         """Hand rows ``first..`` their picked tokens; drop the rows that ended."""
@@ -303,10 +352,9 @@ class RunningBatch:
             self._drop_done()
 
     def _merge(self, streams: list[Stream], cache: Any, keep: torch.Tensor, pos: torch.Tensor,
-               picked: torch.Tensor, temps: torch.Tensor) -> None:
+               picked: torch.Tensor) -> None:
         if not self.streams:
-            self.streams, self.cache, self.keep, self.pos, self.last, self.temps = (
-                list(streams), cache, keep, pos, picked, temps)
+            self.streams, self.cache, self.keep, self.pos, self.last = list(streams), cache, keep, pos, picked
             return
         width = max(self.keep.shape[1], keep.shape[1])
         layers = [(torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)]),
@@ -318,7 +366,6 @@ class RunningBatch:
         self.keep = torch.cat([_left_pad(self.keep, width), _left_pad(keep, width)])
         self.pos = torch.cat([self.pos, pos])
         self.last = torch.cat([self.last, picked])
-        self.temps = torch.cat([self.temps, temps])
         self.streams.extend(streams)
 
     def _drop_done(self) -> None:
@@ -330,7 +377,7 @@ class RunningBatch:
         idx = torch.tensor(alive, dtype=torch.long, device=self.keep.device)
         self.streams = [self.streams[i] for i in alive]
         self.cache.batch_select_indices(idx)
-        self.keep, self.pos, self.last, self.temps = (t[idx] for t in (self.keep, self.pos, self.last, self.temps))
+        self.keep, self.pos, self.last = (t[idx] for t in (self.keep, self.pos, self.last))
         cut = int(self.keep.any(dim=0).long().argmax())  # leading columns that are pads in every row
         if cut > 0:
             from transformers import DynamicCache
@@ -372,21 +419,24 @@ class Generator:
         self.pad_id = int(pad)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+        # the positions the model has: a prompt and its new tokens must fit in them together
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
     # -- validation -------------------------------------------------------------------------------
     def parse(self, prompt: bytes | None, input_ids: list[int] | None, max_tokens: int | None,
-              temperature: float | None) -> GenRequest:
+              temperature: float | None, top_k: int | None = None, top_p: float | None = None,
+              seed: int | None = None) -> GenRequest:
         """Turn raw inputs into a GenRequest or raise BadRequest saying exactly what is wrong."""
-        parsed = self.parse_batch([(prompt, input_ids, max_tokens, temperature)])[0]
+        parsed = self.parse_batch([(prompt, input_ids, max_tokens, temperature, top_k, top_p, seed)])[0]
         if isinstance(parsed, BadRequest):
             raise parsed
         return parsed
 
-    def parse_batch(self, raw: list[tuple[bytes | None, list[int] | None, int | None, float | None]]
-                    ) -> list[GenRequest | BadRequest]:
-        """:meth:`parse` for each of a batch's requests (prompt, input_ids, max_tokens, temperature):
-        a GenRequest, or the BadRequest that says what is wrong with it. The batch's text prompts are
-        tokenized in one call (the tokenizer's fixed cost per call is most of a short prompt's)."""
+    def parse_batch(self, raw: list[tuple[Any, ...]]) -> list[GenRequest | BadRequest]:
+        """:meth:`parse` for each of a batch's requests (prompt, input_ids, max_tokens, temperature[,
+        top_k, top_p, seed]): a GenRequest, or the BadRequest that says what is wrong with it. The
+        batch's text prompts are tokenized in one call (the tokenizer's fixed cost per call is most
+        of a short prompt's)."""
         checked = [self._check(*r) for r in raw]
         texts = [c[0] for c in checked if not isinstance(c, BadRequest) and isinstance(c[0], str)]
         encoded = iter(self.tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else [])
@@ -395,19 +445,26 @@ class Generator:
             if isinstance(c, BadRequest):
                 out.append(c)
                 continue
-            what, n, t = c
-            ids = list(next(encoded)) if isinstance(what, str) else what
-            if len(ids) > self.limits.max_prompt_tokens:
-                out.append(BadRequest(f"prompt has {len(ids)} tokens, over the limit of "
-                                      f"{self.limits.max_prompt_tokens}"))
-            else:
-                out.append(GenRequest(ids, n, t))
+            what, req = c
+            req.input_ids = list(next(encoded)) if isinstance(what, str) else what
+            out.append(self._fits(req))
         return out
 
+    def _fits(self, req: GenRequest) -> GenRequest | BadRequest:
+        """``req``, or why its prompt is too long for the limit or, with its new tokens, for the model."""
+        n = len(req.input_ids)
+        if n > self.limits.max_prompt_tokens:
+            return BadRequest(f"prompt has {n} tokens, over the limit of {self.limits.max_prompt_tokens}")
+        if self.context is not None and n + req.max_tokens > self.context:
+            return BadRequest(f"prompt ({n} tokens) + max_tokens ({req.max_tokens}) = {n + req.max_tokens} is over "
+                              f"the model's context length of {self.context} tokens")
+        return req
+
     def _check(self, prompt: bytes | None, input_ids: list[int] | None, max_tokens: int | None,
-               temperature: float | None) -> tuple[str | list[int], int, float] | BadRequest:
+               temperature: float | None, top_k: int | None = None, top_p: float | None = None,
+               seed: int | None = None) -> tuple[str | list[int], GenRequest] | BadRequest:
         """Everything but a text prompt's length in tokens, known once the batch is tokenized: (the
-        prompt's text or ids, max_tokens, temperature), or what is wrong."""
+        prompt's text or ids, the request without its ids yet), or what is wrong."""
         try:
             if (prompt is None) == (input_ids is None):
                 raise BadRequest("send exactly one of 'prompt' (UTF-8 bytes as UINT8) or 'input_ids' (INT64)")
@@ -425,33 +482,29 @@ class Generator:
                 bad = [t for t in what if t < 0 or t >= self.vocab_size]
                 if bad:
                     raise BadRequest(f"'input_ids' has ids outside [0, {self.vocab_size}): {bad[:5]}")
-                if len(what) > self.limits.max_prompt_tokens:
-                    raise BadRequest(f"prompt has {len(what)} tokens, over the limit of "
-                                     f"{self.limits.max_prompt_tokens}")
             n = self.limits.default_max_tokens if max_tokens is None else int(max_tokens)
             if not 1 <= n <= self.limits.max_tokens_limit:
                 raise BadRequest(f"'max_tokens' must be in [1, {self.limits.max_tokens_limit}], got {n}")
             t = 0.0 if temperature is None else float(temperature)
             if not (t >= 0.0 and t <= 10.0):  # also rejects NaN
                 raise BadRequest(f"'temperature' must be in [0, 10], got {t}")
+            k = 0 if top_k is None else int(top_k)
+            if k < 0:
+                raise BadRequest(f"'top_k' must be >= 0 (0: no cut), got {k}")
+            p = 1.0 if top_p is None else float(top_p)
+            if not (0.0 < p <= 1.0):
+                raise BadRequest(f"'top_p' must be in (0, 1], got {p}")
+            if t > 0 and seed is None and self.limits.seeded_sampling:
+                raise BadRequest("a sampled request (temperature > 0) to this model needs a 'seed': its response "
+                                 "cache keys on the inputs and would replay one sampled answer to every such request")
         except BadRequest as e:
             return e
-        return what, n, t
+        return what, GenRequest([], n, t, k, p, None if seed is None else int(seed))
 
     # -- generation -------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, reqs: list[GenRequest]) -> list[list[int]]:
-        """New token ids per request; requests with the same temperature share one padded batch."""
-        out: list[list[int]] = [[] for _ in reqs]
-        groups: dict[float, list[int]] = {}
-        for i, r in enumerate(reqs):
-            groups.setdefault(r.temperature, []).append(i)
-        for temp, idx in groups.items():
-            for i, ids in zip(idx, self._generate_group([reqs[i] for i in idx], temp), strict=True):
-                out[i] = ids
-        return out
-
-    def _generate_group(self, reqs: list[GenRequest], temperature: float) -> list[list[int]]:
+        """New token ids per request, all requests in one padded batch whatever their sampling."""
         width = max(len(r.input_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         keep = torch.zeros((len(reqs), width), dtype=torch.bool)
@@ -459,7 +512,7 @@ class Generator:
             ids[row, width - len(r.input_ids):] = torch.tensor(r.input_ids, dtype=torch.long)
             keep[row, width - len(r.input_ids):] = True
         return decode_batch(self.model, ids.to(self.device), keep.to(self.device), [r.max_tokens for r in reqs],
-                            self.eos_ids, temperature)
+                            self.eos_ids, rows=reqs)
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -468,36 +521,60 @@ class Generator:
 class TextDeltas:
     """The text each new token adds, so the concatenated pieces equal the decoded answer.
 
-    A byte-level token can end inside a multi-byte character; its text is held back (decoded as
-    U+FFFD) until the token that completes it arrives, and the final piece flushes what is left.
+    Incremental: ``tokenizers``' ``DecodeStream`` decodes each token with the few before it that it
+    needs (a constant cost per token, where decoding the whole answer so far at each token made a
+    stream of n tokens cost n² / 2 token decodes). A byte-level token can end inside a multi-byte
+    character; its text is held back until the token that completes it arrives. The last token's
+    piece is taken from one decode of the whole answer (once per stream), so the pieces add up to
+    exactly what ``decode`` gives, U+FFFD for a character left incomplete included.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], tokenizer: Any = None) -> None:
+        from tokenizers.decoders import DecodeStream
+
         self.decode = decode
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer of a fast one
+        self.stream = DecodeStream(skip_special_tokens=True) if self.backend is not None else None
         self.tokens: list[int] = []
         self.sent = ""
 
     def add(self, token: int, last: bool) -> str:
         self.tokens.append(token)
-        text = self.decode(self.tokens)
-        if not last and text.endswith("\ufffd"):
-            return ""
-        piece = text[len(self.sent):] if text.startswith(self.sent) else text
-        self.sent = text
+        if last or self.stream is None:
+            text = self.decode(self.tokens)
+            if not last and text.endswith("\ufffd"):
+                return ""
+            piece = text[len(self.sent):] if text.startswith(self.sent) else text
+            self.sent = text
+            return piece
+        piece = self.stream.step(self.backend, token) or ""
+        self.sent += piece
         return piece
 
 
 # -- the Triton side -----------------------------------------------------------------------------
-def _raw_request(request: Any) -> tuple[bytes | None, list[int] | None, int | None, float | None]:
-    """A request's (prompt, input_ids, max_tokens, temperature) as plain values, its inputs read once
-    through DLPack (see the module docstring); BadRequest for a scalar input of several values."""
+def _raw_request(request: Any) -> tuple[Any, ...]:
+    """A request's (prompt, input_ids, max_tokens, temperature, top_k, top_p, seed) as plain values,
+    its inputs read once through DLPack (see the module docstring); BadRequest for a scalar input of
+    several values, or a prompt of several rows (a request is one prompt: its batch dimension is 1)."""
     inputs = {t.name(): torch.from_dlpack(t.to_dlpack()) for t in request.inputs()}
-    prompt, ids = inputs.get("prompt"), inputs.get("input_ids")
-    max_tokens = _scalar(inputs.get("max_tokens"), "max_tokens")
+    prompt, ids = _one_row(inputs.get("prompt"), "prompt"), _one_row(inputs.get("input_ids"), "input_ids")
+    max_tokens, top_k, seed = (_scalar(inputs.get(n), n) for n in ("max_tokens", "top_k", "seed"))
     return (None if prompt is None else bytes(prompt.reshape(-1).to(torch.uint8).tolist()),
             None if ids is None else [int(x) for x in ids.reshape(-1).tolist()],
             None if max_tokens is None else int(max_tokens),
-            _scalar(inputs.get("temperature"), "temperature"))
+            _scalar(inputs.get("temperature"), "temperature"),
+            None if top_k is None else int(top_k), _scalar(inputs.get("top_p"), "top_p"),
+            None if seed is None else int(seed))
+
+
+def _one_row(t: torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """A prompt tensor of shape [1, n] (or [n]); a request of k prompts ([k, n]) would otherwise be
+    read as one prompt of k * n tokens with one answer."""
+    if t is not None and t.dim() > 1 and t.shape[0] != 1:
+        raise BadRequest(f"'{name}' has shape {list(t.shape)}: send one prompt per request (shape [1, n]); "
+                         f"{t.shape[0]} prompts are {t.shape[0]} requests")
+    return t
 
 
 def _scalar(t: torch.Tensor | None, name: str) -> float | None:
@@ -515,6 +592,12 @@ def _out(name: str, t: torch.Tensor) -> Any:
 def _bad_request(message: str) -> Any:
     """An INVALID_ARG error (HTTP 400 / gRPC INVALID_ARGUMENT) where the backend supports error codes."""
     code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+def _overloaded(message: str) -> Any:
+    """An UNAVAILABLE error (gRPC UNAVAILABLE; the OpenAI front end answers 429) where codes exist."""
+    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
@@ -637,21 +720,37 @@ class StreamScheduler:
     ``execute`` hands it the new streams and returns at once (a decoupled model may answer after
     ``execute`` returned), so Triton passes on the next requests while streams are generating; they
     join the running batch at the next step, up to ``max_rows`` rows (the model's ``max_batch_size``),
-    the rest wait for a row to free. A step that raises ends every open stream with ``on_error``
-    and the thread goes on with the next streams. ``report_passes(n)`` gets the forward passes run
-    since its last call, every ``PASSES_REPORT_EVERY`` passes and whenever the thread goes idle.
+    the rest wait for a row to free, at most ``max_waiting`` of them (``submit`` hands back the
+    streams beyond: the caller refuses them, overloaded, rather than let a queue nobody sees grow
+    without bound). A waiting stream whose client cancelled is dropped before its prefill
+    (``on_cancelled``). A step that raises ends every open stream with ``on_error`` and the thread
+    goes on with the next streams. ``report_passes(n)`` gets the forward passes run since its last
+    call, every ``PASSES_REPORT_EVERY`` passes and whenever the thread goes idle.
     """
 
     def __init__(self, batch: RunningBatch, max_rows: int, on_error: Callable[[Stream, Exception], None],
-                 report_passes: Callable[[int], None] | None = None) -> None:
+                 report_passes: Callable[[int], None] | None = None, max_waiting: int | None = None,
+                 on_cancelled: Callable[[Stream], None] | None = None) -> None:
         self.batch, self.max_rows, self.on_error = batch, max(1, max_rows), on_error
         self.report_passes, self.reported = report_passes, 0
+        self.max_waiting, self.on_cancelled = max_waiting, on_cancelled
+        self.queued = 0  # streams submitted that have not joined the batch (or been dropped) yet
+        self.lock = threading.Lock()
         self.inbox: queue.Queue[list[Stream] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="llmpipe-streams", daemon=True)
         self.thread.start()
 
-    def submit(self, streams: list[Stream]) -> None:
-        self.inbox.put(streams)
+    def submit(self, streams: list[Stream]) -> list[Stream]:
+        """Queue ``streams`` to join the batch; returns those refused because the waiting list is full
+        (the free rows count as room: a stream for a free row joins at the next step)."""
+        with self.lock:
+            room = len(streams) if self.max_waiting is None else max(
+                0, self.max_waiting + self.max_rows - len(self.batch) - self.queued)
+            taken, refused = streams[:room], streams[room:]
+            self.queued += len(taken)
+        if taken:
+            self.inbox.put(taken)
+        return refused
 
     def stop(self) -> None:
         self.inbox.put(None)
@@ -675,7 +774,12 @@ class StreamScheduler:
                     return
                 waiting.extend(item)
             room = self.max_rows - len(self.batch)
-            joining, waiting = waiting[:room], waiting[room:]
+            joining: list[Stream] = []
+            while waiting and len(joining) < room:  # the ones about to be prefilled: did their clients go?
+                take, waiting = waiting[:room - len(joining)], waiting[room - len(joining):]
+                joining += self._drop_cancelled(take)
+            with self.lock:
+                self.queued -= len(joining)
             try:
                 self.batch.add(joining)
                 self.batch.step()
@@ -683,6 +787,21 @@ class StreamScheduler:
                 open_ = self.batch.close_all()
                 seen = {id(s) for s in open_}
                 self._fail([*open_, *(s for s in joining if not s.done and id(s) not in seen)], e)
+
+    def _drop_cancelled(self, streams: list[Stream]) -> list[Stream]:
+        """The streams whose clients still wait; the others end before any work is spent on them (asked
+        only of streams about to join: each question is a round trip to the server)."""
+        keep, gone = [], []
+        for s in streams:
+            (gone if s.cancelled is not None and s.cancelled() else keep).append(s)
+        if gone:
+            with self.lock:
+                self.queued -= len(gone)
+            for s in gone:
+                s.done = True
+                if self.on_cancelled is not None:
+                    self.on_cancelled(s)
+        return keep
 
     def _report(self) -> None:
         if self.report_passes is not None and self.batch.passes > self.reported:
@@ -719,18 +838,22 @@ class TritonPythonModel:
                                   kind=pb_utils.MetricFamily.COUNTER),
             pb_utils.MetricFamily(name=TOKENS_METRIC, description="New tokens generated and sent to clients",
                                   kind=pb_utils.MetricFamily.COUNTER),
-            pb_utils.MetricFamily(name=PASSES_METRIC, description="Forward passes of the streaming model's running "
-                                  "batch (prefills and decode steps); tokens / passes is its mean batch",
+            pb_utils.MetricFamily(name=PASSES_METRIC, description="Forward passes of the model (prefills and decode "
+                                  "steps; the streaming model's running batch); tokens / passes is its mean batch",
                                   kind=pb_utils.MetricFamily.COUNTER),
             pb_utils.MetricFamily(name=RESPONSES_METRIC, description="Responses of the streaming model that carried "
                                   "tokens; tokens / responses above 1: sends fell behind and tokens left together",
                                   kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name=UNSTARTED_METRIC, description="Streams whose client cancelled while they "
+                                  "waited for a row: dropped before their prefill", kind=pb_utils.MetricFamily.COUNTER),
         ]
         self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
         self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
+        self.overloaded = self.families[0].Metric(labels={**labels, "reason": "overloaded"})
         self.tokens = self.families[1].Metric(labels=labels)
         self.passes = self.families[2].Metric(labels=labels)
         self.responses = self.families[3].Metric(labels=labels)
+        self.unstarted = self.families[4].Metric(labels=labels)
         self.outbox = self.scheduler = None
         if self.decoupled:
             # three threads share this process's GIL: the generation thread runs Python most of the
@@ -740,7 +863,8 @@ class TritonPythonModel:
             self.outbox = Outbox(self._send_failed, _answer, self._counting_responses)
             batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
-            self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment)
+            self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment,
+                                             max_waiting=limits.max_waiting, on_cancelled=self._stream_cancelled)
         # what is loaded now (torch, transformers, the model) lives as long as the model: out of the
         # collector's sight, a full collection while serving scans only what came after (0.5 ms seen)
         # instead of all of it (160-200 ms each, measured during the model's loading)
@@ -770,12 +894,14 @@ class TritonPythonModel:
         parsed = self._parse_all(requests)
         good = [p for p in parsed if isinstance(p, GenRequest)]
         try:
-            results = iter(self.gen.generate(good)) if good else iter(())
+            generated = self.gen.generate(good) if good else []
         except Exception as e:  # noqa: BLE001 - report to every client of the batch, keep serving
             self.failed.increment(len(good))
             return [pb_utils.InferenceResponse(error=_bad_request(p) if isinstance(p, str) else
                                                pb_utils.TritonError(f"generation failed: {e}")) for p in parsed]
-        responses, sent = [], 0
+        if generated:  # one forward pass per token of the longest answer, whatever the rows' sampling
+            self.passes.increment(max(len(t) for t in generated))
+        results, responses, sent = iter(generated), [], 0
         for p in parsed:
             if isinstance(p, str):
                 responses.append(pb_utils.InferenceResponse(error=_bad_request(p)))
@@ -799,13 +925,24 @@ class TritonPythonModel:
                 self.outbox.put(_Sent(), sender, pb_utils.InferenceResponse(error=_bad_request(p)), final)
             else:
                 streams.append(self._stream(p, sender))
-        if streams:
-            self.scheduler.submit(streams)
+        refused = self.scheduler.submit(streams) if streams else []
+        for stream in refused:  # the waiting list is full: refused at once, not queued out of Triton's sight
+            stream.done = True
+            self.outbox.put(stream.owner, stream.owner.sender, pb_utils.InferenceResponse(error=_overloaded(
+                f"overloaded: {self.scheduler.max_waiting} streams already wait for a row of the running batch "
+                f"(deploy.max_waiting); retry later")), final)
+        if refused:
+            self.overloaded.increment(len(refused))
+
+    def _stream_cancelled(self, stream: Stream) -> None:
+        """Its client cancelled while it waited: closed, never prefilled (counted)."""
+        self.unstarted.increment(1)
+        self.outbox.put(stream.owner, stream.owner.sender, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _stream(self, request: GenRequest, sender: Any) -> Stream:
         """A stream whose tokens go to ``sender`` as text deltas; it stops when its client cancels."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        deltas, sent = TextDeltas(self.gen.decode), _Sent(sender)
+        deltas, sent = TextDeltas(self.gen.decode, self.gen.tokenizer), _Sent(sender)
 
         def on_token(token: int, last: bool) -> bool:
             if sent.broken:  # a send failed (counted then): generate nothing more for it
@@ -821,7 +958,7 @@ class TritonPythonModel:
             self.outbox.put(sent, sender, Tokens(deltas.add(token, last), [token]), final if last else 0)
             return False
 
-        return Stream(request, on_token, owner=sent)
+        return Stream(request, on_token, owner=sent, cancelled=sender.is_cancelled)
 
     def _count_tokens(self, sent: _Sent) -> None:
         if sent.tokens:
@@ -851,5 +988,7 @@ class TritonPythonModel:
         if self.outbox is not None:
             self.outbox.close()
         self.gen = None
-        self.refused = self.failed = self.tokens = self.passes = self.responses = None  # before their families
+        # the metrics go before their families
+        self.refused = self.failed = self.overloaded = self.tokens = self.passes = self.responses = None
+        self.unstarted = None
         self.families = []

@@ -292,16 +292,32 @@ def test_serve_stopped_leaves_no_triton(sig: signal.Signals, model_repo: Path, r
                                         env: dict[str, str]) -> None:
     from llmpipe.processes import free_ports
 
-    ports = [str(p) for p in free_ports(3)]
+    ports = [str(p) for p in free_ports(4)]
     cmd = Command([*CLI, "serve", str(model_repo), "--http-port", ports[0], "--grpc-port", ports[1],
-                   "--metrics-port", ports[2]], root / f"serve-{sig.name}.log", env)
+                   "--metrics-port", ports[2], "--api-port", ports[3], "--api-key", "sk-e2e"],
+                  root / f"serve-{sig.name}.log", env)
 
-    def no_stale_regions() -> None:  # a server start removes those of starters killed before (deploy tests)
+    def no_stale_regions_and_the_api_answers() -> None:
+        # a server start removes the regions of starters killed before (deploy tests)
         stale = [r for pid in STARTED if not psutil.pid_exists(pid) for r in regions(pid)]
         assert stale == [], stale
+        _openai_client_answers(cmd, ports[3])
 
-    _check(cmd, triton_up, "tritonserver and its stub", sig, after_up=no_stale_regions)
+    _check(cmd, triton_up, "tritonserver and its stub", sig, after_up=no_stale_regions_and_the_api_answers)
     assert regions(cmd.popen.pid) == []
+
+
+def _openai_client_answers(cmd: Command, port: str) -> None:
+    """``llmpipe serve`` prints its OpenAI API's URL, and the official client gets an answer there."""
+    import openai
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 120
+    while f"OpenAI-compatible API: {url}" not in cmd.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"no API line in the output:\n{cmd.tail()}"
+        time.sleep(0.2)
+    client = openai.OpenAI(base_url=url, api_key="sk-e2e", max_retries=0, timeout=60)
+    answer = client.completions.create(model="tiny_lm", prompt="hello", max_tokens=4, temperature=0)
+    assert 1 <= answer.usage.completion_tokens <= 4 and answer.choices[0].finish_reason in ("stop", "length")
 
 
 def test_serve_monitor_killed_leaves_no_triton_prometheus_alertmanager(model_repo: Path, root: Path,
@@ -311,9 +327,10 @@ def test_serve_monitor_killed_leaves_no_triton_prometheus_alertmanager(model_rep
 
     if prometheus_binary() is None or alertmanager_binary() is None:
         pytest.skip("prometheus / alertmanager not installed (scripts/install.sh --test)")
-    ports = [str(p) for p in free_ports(5)]
+    ports = [str(p) for p in free_ports(6)]
     cmd = Command([*CLI, "serve", str(model_repo), "--monitor", "--http-port", ports[0], "--grpc-port", ports[1],
-                   "--metrics-port", ports[2], "--prometheus-port", ports[3], "--alertmanager-port", ports[4]],
+                   "--metrics-port", ports[2], "--prometheus-port", ports[3], "--alertmanager-port", ports[4],
+                   "--api-port", ports[5]],
                   root / "serve-monitor.log", env)
 
     def all_up(procs: list[psutil.Process]) -> bool:
@@ -335,13 +352,14 @@ def test_serve_on_a_taken_port_says_which_and_leaves_no_triton(model_repo: Path,
         return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver" and _running(p)}
 
     before = tritons()
-    ports = [str(p) for p in free_ports(2)]
+    ports = [str(p) for p in free_ports(3)]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         metrics = taken.getsockname()[1]
         done = subprocess.run([*CLI, "serve", str(model_repo), "--http-port", ports[0], "--grpc-port", ports[1],
-                               "--metrics-port", str(metrics)], env=env, capture_output=True, text=True, timeout=300)
+                               "--metrics-port", str(metrics), "--api-port", ports[2]], env=env, capture_output=True,
+                              text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("llmpipe:")]
     assert len(said) == 1 and f"its metrics port 127.0.0.1:{metrics} is in use by another process" in said[0], \

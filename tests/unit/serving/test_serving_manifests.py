@@ -142,14 +142,14 @@ def test_gpu_target_defaults() -> None:
     text = render_config(DeployConfig(target="gpu"))
     assert "instance_group [ { count: 2 kind: KIND_GPU } ]" in text
     assert "max_batch_size: 32\n" in text
-    assert "max_queue_delay_microseconds: 10000 }" in text
+    assert "max_queue_delay_microseconds: 10000 default_queue_policy { max_queue_size: 64 } }" in text
     stream = render_config(DeployConfig(target="gpu"), streaming=True)
     assert "count: 2 kind: KIND_GPU" in stream and "max_batch_size: 32\n" in stream
     # streams join the running batch between steps (in-flight): no window before their first token
     assert "max_queue_delay_microseconds: 0 }" in stream
     cpu = render_config(DeployConfig())
     assert "instance_group [ { count: 1 kind: KIND_CPU } ]" in cpu
-    assert "max_queue_delay_microseconds: 2000 }" in cpu
+    assert "max_queue_delay_microseconds: 2000 default_queue_policy { max_queue_size: 64 } }" in cpu
 
 
 def test_gpu_defaults_yield_to_the_config() -> None:

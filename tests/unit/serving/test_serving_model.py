@@ -165,15 +165,75 @@ def test_sampling_follows_the_temperature(gen: Generator) -> None:
     assert len({tuple(r) for r in hot}) > 1  # a high one spreads the same prompt over different answers
 
 
-def test_text_deltas_concatenate_to_the_decoded_answer(gen: Generator) -> None:
+@pytest.mark.parametrize("incremental", [True, False], ids=["DecodeStream", "whole-decode"])
+def test_text_deltas_concatenate_to_the_decoded_answer(gen: Generator, incremental: bool) -> None:
+    tokenizer = gen.tokenizer if incremental else None
     for prompt in PROMPTS:
         tokens = gen.generate([gen.parse(prompt.encode(), None, 16, 0.0)])[0]
-        deltas = TextDeltas(gen.decode)
+        deltas = TextDeltas(gen.decode, tokenizer)
         pieces = [deltas.add(t, i == len(tokens) - 1) for i, t in enumerate(tokens)]
         assert "".join(pieces) == gen.decode(tokens)
     # a character split over two byte-level tokens is held back until it is complete
     ids = gen.tokenizer("é", add_special_tokens=False)["input_ids"]
     byte_ids = gen.tokenizer.convert_tokens_to_ids(list("".join(gen.tokenizer.convert_ids_to_tokens(ids))))
     assert len(byte_ids) == 2  # one token per UTF-8 byte (the byte-level alphabet is in the vocabulary)
-    deltas = TextDeltas(gen.decode)
-    assert deltas.add(byte_ids[0], False) == "" and deltas.add(byte_ids[1], True) == "é"
+    for last in (False, True):
+        deltas = TextDeltas(gen.decode, tokenizer)
+        assert deltas.add(byte_ids[0], False) == "" and deltas.add(byte_ids[1], last) == "é"
+
+
+def test_text_deltas_decode_each_token_once_not_the_whole_answer(gen: Generator) -> None:
+    """A stream of n tokens used to decode its whole answer at every token (n² / 2 token decodes): now
+    DecodeStream takes each token, and the answer is decoded whole once, for the last piece."""
+    text = "héllo wörld, the quick brown fox jumps over the lazy dog; numbers 12345 " * 6
+    tokens = gen.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(tokens) > 100
+    whole: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        whole.append(len(ids))
+        return gen.decode(ids)
+
+    deltas = TextDeltas(decode, gen.tokenizer)
+    pieces = [deltas.add(t, i == len(tokens) - 1) for i, t in enumerate(tokens)]
+    assert "".join(pieces) == text and sum(1 for p in pieces if p) > len(tokens) / 2
+    assert whole == [len(tokens)]  # one whole decode, at the last token
+
+
+def test_top_k_top_p_and_seeds_pick_tokens_per_row(gen: Generator) -> None:
+    """Rows of different sampling in one pass: top_k 1 and a tiny top_p are argmax whatever the
+    temperature; a seeded row draws from its own generator, so its tokens do not depend on its
+    neighbours; different seeds spread."""
+    ids, keep = _left_padded([gen.tokenizer(PROMPTS[0])["input_ids"]] * 6, gen.pad_id)
+    greedy = decode_batch(gen.model, ids, keep, [10] * 6, eos_ids=set())[0]
+    rows = [GenRequest([], 10, 5.0, top_k=1), GenRequest([], 10, 5.0, top_p=1e-6), GenRequest([], 10, 5.0, seed=3),
+            GenRequest([], 10, 0.0), GenRequest([], 10, 5.0, seed=4), GenRequest([], 10, 5.0, top_k=5, seed=3)]
+    got = decode_batch(gen.model, ids, keep, [10] * 6, eos_ids=set(), rows=rows)
+    assert got[0] == got[1] == got[3] == greedy
+    alone = decode_batch(gen.model, ids[:1], keep[:1], [10], eos_ids=set(), rows=[rows[2]])[0]
+    assert got[2] == alone and got[2] != got[4]  # its own generator: the same alone; another seed, another answer
+    top5 = torch.topk(gen.model(ids[:1]).logits[0, -1], 5).indices.tolist()
+    assert got[5][0] in top5
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"top_k": -1}, "'top_k' must be >= 0"),
+    ({"top_p": 0.0}, r"'top_p' must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"'top_p' must be in \(0, 1\]"),
+])
+def test_bad_sampling_is_refused(gen: Generator, extra: dict, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        gen.parse(b"hi", None, 4, 1.0, **extra)
+
+
+def test_prompt_and_new_tokens_must_fit_the_context(tiny_checkpoint: Path) -> None:
+    g = Generator(str(tiny_checkpoint), Limits(max_prompt_tokens=512, max_tokens_limit=256))
+    assert g.context == 512
+    assert g.parse(None, [5] * 256, 256, 0.0).max_tokens == 256  # exactly the context
+    with pytest.raises(BadRequest, match=r"prompt \(500 tokens\) \+ max_tokens \(256\) = 756 is over the "
+                                         r"model's context length of 512 tokens"):
+        g.parse(None, [5] * 500, 256, 0.0)
+    cached = Generator(str(tiny_checkpoint), Limits(seeded_sampling=True))
+    with pytest.raises(BadRequest, match="needs a 'seed'"):
+        cached.parse(b"hi", None, 4, 1.0)
+    assert cached.parse(b"hi", None, 4, 1.0, seed=1).seed == 1 and cached.parse(b"hi", None, 4, 0.0).seed is None

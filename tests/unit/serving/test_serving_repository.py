@@ -25,12 +25,13 @@ def test_python_backend_config_has_batching_instances_and_tensors() -> None:
     text = render_config(cfg)
     assert 'name: "llmpipe_lm"' in text and 'backend: "python"' in text
     assert "max_batch_size: 16" in text
-    assert "dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }" in text
+    assert ("dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 "
+            "default_queue_policy { max_queue_size: 64 } }") in text
     assert "instance_group [ { count: 2 kind: KIND_CPU } ]" in text
     assert "response_cache { enable: true }" in text
     inputs = dict(re.findall(r'input \{ name: "(\w+)" data_type: (\w+)', text))
     assert inputs == {"prompt": "TYPE_UINT8", "input_ids": "TYPE_INT64", "max_tokens": "TYPE_INT32",
-                      "temperature": "TYPE_FP32"}
+                      "temperature": "TYPE_FP32", "top_k": "TYPE_INT32", "top_p": "TYPE_FP32", "seed": "TYPE_INT64"}
     assert dict(re.findall(r'output \{ name: "(\w+)" data_type: (\w+)', text)) == {
         "text": "TYPE_UINT8", "output_ids": "TYPE_INT64"}
 
@@ -58,7 +59,8 @@ def test_python_layout_copies_checkpoint_and_limits(tmp_path: Path, tiny_checkpo
     vdir = write_model_repository(tiny_checkpoint, tmp_path / "repo", cfg, 1)
     assert (vdir / "model.py").read_text().startswith('"""Triton Python-backend model')
     assert json.loads((vdir / "llmpipe_serving.json").read_text()) == {
-        "max_prompt_tokens": 40, "max_tokens_limit": 20, "default_max_tokens": 5}
+        "max_prompt_tokens": 40, "max_tokens_limit": 20, "default_max_tokens": 5, "max_waiting": 64,
+        "seeded_sampling": False}
     src = sorted(p.relative_to(tiny_checkpoint) for p in tiny_checkpoint.rglob("*") if p.is_file())
     dst = sorted(p.relative_to(vdir / "checkpoint") for p in (vdir / "checkpoint").rglob("*") if p.is_file())
     assert src == dst
@@ -76,7 +78,8 @@ def test_streaming_model_beside_the_batch_model(tmp_path: Path, tiny_checkpoint:
     # same tensors, batch sizes, instances; no batching window: streams join the running batch in flight
     assert stream.replace("lm_stream", "lm").replace("model_transaction_policy { decoupled: true }\n", "") == \
         batch.replace("response_cache { enable: true }\n", "").replace(
-            f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} ", "max_queue_delay_microseconds: 0 ")
+            f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} ", "max_queue_delay_microseconds: 0 ").replace(
+            f"default_queue_policy {{ max_queue_size: {cfg.max_waiting} }} ", "")  # model.py bounds its waiting list
     for name in ("lm", "lm_stream"):
         assert (tmp_path / "repo" / name / "2" / "model.py").read_bytes() == \
             (tmp_path / "repo" / "lm" / "2" / "model.py").read_bytes()

@@ -53,8 +53,9 @@ def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) 
     stats = run_deploy(ctx)
     assert stats["verified"] and stats["requests"] == 16 and stats["p99_ms"] > 0
     assert [(s["protocol"], s["stream"]) for s in stats["smoke"]] == [
-        ("http", False), ("grpc", False), ("http", True), ("grpc", True)]
+        ("http", False), ("grpc", False), ("http", True), ("grpc", True), ("openai", False), ("openai", True)]
     assert stats["errors"] == 0 and stats["smoke_http_ms"] > 0 and stats["smoke_stream_grpc_ms"] > 0
+    assert stats["smoke_openai_ms"] > 0 and stats["smoke_stream_openai_ms"] > 0  # the OpenAI API, plain and streamed
     # the streaming load test per level, and the SLO on the figure the config names
     levels = stats["stream_levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 4] and all(lv["requests"] == 16 for lv in levels)
