@@ -268,6 +268,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     api_key = args.api_key or os.environ.get("LLMPIPE_API_KEY") or None
+    if args.engine == "vllm":
+        from llmpipe.serving.server import main_serve_vllm
+
+        if args.no_api or args.monitor:
+            print("llmpipe serve: --engine vllm serves vLLM's own OpenAI API only (no --no-api, no --monitor)",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        return int(main_serve_vllm(args.artifact, config=args.config, api_port=args.api_port,
+                                   api_host=args.api_host, api_key=api_key) or 0)
     return int(main_serve(args.artifact, config=args.config, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, monitor_dir=monitor_dir,
                           prometheus_port=args.prometheus_port, alertmanager_port=args.alertmanager_port,
@@ -385,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
                     "$LLMPIPE_API_KEY, else none)")
     sv.add_argument("--no-api", action="store_true", help="serve Triton's own endpoints only, without the API")
+    sv.add_argument("--engine", choices=("llmpipe", "vllm"), default="llmpipe", help="llmpipe: Triton with our "
+                    "model and the API in front of it; vllm: vLLM's own OpenAI server on the deployed checkpoint "
+                    "(its CPU build from .venv-vllm, which `make test` builds, or LLMPIPE_VLLM_PYTHON)")
     sv.set_defaults(func=cmd_serve)
 
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")

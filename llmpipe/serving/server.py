@@ -34,7 +34,9 @@ from pathlib import Path
 import psutil
 
 from llmpipe.processes import free_ports, interrupt_on, spawn, stop_tree
+from llmpipe.serving.config import STREAM_SUFFIX
 from llmpipe.serving.repository import REPO_DIR, serving_copy
+from llmpipe.serving.triton_model import CHECKPOINT_DIR
 
 
 class ServerError(RuntimeError):
@@ -344,6 +346,45 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
                 time.sleep(0.5)
             print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
                   file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def deployed_checkpoint(artifact_dir: Path) -> tuple[str, Path]:
+    """(model name, checkpoint folder) of the batch model in a deploy artifact or model repository: the
+    Hugging Face folder vLLM serves as it is."""
+    repo = artifact_dir / REPO_DIR if (artifact_dir / REPO_DIR).is_dir() else artifact_dir
+    found = [p for p in repo.glob(f"*/*/{CHECKPOINT_DIR}/config.json")
+             if not p.parents[2].name.endswith(STREAM_SUFFIX)]
+    if not found:
+        raise FileNotFoundError(f"{repo}: no <model>/<version>/{CHECKPOINT_DIR}/ with a config.json (a deploy "
+                                f"artifact of the python backend)")
+    newest = max(found, key=lambda p: int(p.parents[1].name) if p.parents[1].name.isdigit() else -1)
+    return newest.parents[2].name, newest.parent
+
+
+def main_serve_vllm(artifact_dir: str | Path | None = None, config: str | Path | None = None,
+                    api_port: int = 8080, api_host: str = "127.0.0.1", api_key: str | None = None,
+                    startup_timeout_s: float = 600.0) -> int:
+    """``llmpipe serve --engine vllm``: vLLM's own OpenAI server on the deployed checkpoint until Ctrl-C.
+
+    The same ``/v1`` API and model name as our engine's front end, served by vLLM
+    (:mod:`llmpipe.serving.vllm_engine`: its CPU build in its own environment, or the GPU build).
+    """
+    from llmpipe.serving.vllm_engine import vllm_server
+
+    name, checkpoint = deployed_checkpoint(resolve_artifact(artifact_dir, config))
+    log_path = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+    try:
+        with interrupt_on(signal.SIGTERM, signal.SIGHUP), \
+                vllm_server(checkpoint, log_path, host=api_host, port=api_port or None, model_name=name,
+                            api_key=api_key, startup_timeout=startup_timeout_s) as server:
+            print(f"OpenAI-compatible API (vLLM): {server.base_url}  (model {name}"
+                  f"{', API key required' if api_key else ''}; log {log_path}); Ctrl-C stops", flush=True)
+            while server.process.alive():
+                time.sleep(0.5)
+            print(f"vLLM exited with code {server.process.returncode()}:\n{server.process.tail()}", file=sys.stderr)
             return 1
     except KeyboardInterrupt:
         return 0

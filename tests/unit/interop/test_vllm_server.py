@@ -1,16 +1,22 @@
-"""vLLM's OpenAI server (``llmpipe.serving.vllm_engine``) on the pipeline's pretrain artifact, spoken to by
-the official ``openai`` client: models, completions and chat (the artifact's chat template), streaming and
-not, greedy text equal to transformers' on the same artifact; the server and its engine end with the block."""
+"""``llmpipe serve --engine vllm``: vLLM's OpenAI server (``llmpipe.serving.vllm_engine``) on a deploy
+artifact of the pipeline's pretrain model, spoken to by the official ``openai`` client: models,
+completions and chat (the artifact's chat template), streaming and not, greedy text equal to
+transformers' on the same artifact; the server and its engine end with the command."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from llmpipe.serving.vllm_engine import vllm_python, vllm_server
+from llmpipe.processes import ManagedProcess, free_port, wait_for_http
+from llmpipe.serving.vllm_engine import vllm_python
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -31,16 +37,46 @@ def _reference(model_dir: Path, ids: list[int]) -> str:
     return tok.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
-def test_openai_client_against_vllm_on_the_pretrain_artifact(pretrain_dir: Path, tmp_path: Path) -> None:
+def _deploy(checkpoint: Path, out: Path) -> Path:
+    """The deploy stage's repository around ``checkpoint`` (no smoke test: the test below is the one)."""
+    from llmpipe.serving.config import DeployConfig
+    from llmpipe.serving.stage import run_deploy
+    from llmpipe.stage import STAGES, StageContext
+    from llmpipe.store import ArtifactStore
+
+    out.mkdir()
+    run_deploy(StageContext(spec=STAGES["deploy"], config=DeployConfig(verify=False), pipeline=None, key="k", out=out,
+                            inputs={"quantize": checkpoint}, input_keys={"quantize": "q"},
+                            store=ArtifactStore(out.parent / "store"), log=logging.getLogger("t")))
+    return out
+
+
+def test_deployed_checkpoint_is_the_batch_models(pretrain_dir: Path, tmp_path: Path) -> None:
+    from llmpipe.serving.server import deployed_checkpoint
+
+    name, checkpoint = deployed_checkpoint(_deploy(pretrain_dir, tmp_path / "deploy"))
+    assert name == "llmpipe_lm" and (checkpoint / "config.json").is_file() and checkpoint.name == "checkpoint"
+    with pytest.raises(FileNotFoundError, match="no <model>/<version>/checkpoint/"):
+        deployed_checkpoint(tmp_path)
+
+
+def test_openai_client_against_llmpipe_serve_engine_vllm(pretrain_dir: Path, tmp_path: Path) -> None:
     import openai
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(pretrain_dir)
     messages = [{"role": "user", "content": "Hello"}]
     chat_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
-    with vllm_server(pretrain_dir, tmp_path / "vllm.log", python=vllm_python(base=ROOT), api_key="k",
-                     max_model_len=512, threads=1) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0, timeout=300)
+    deploy = _deploy(pretrain_dir, tmp_path / "deploy")
+    port = free_port()
+    llmpipe = Path(sys.executable).parent / "llmpipe"  # the console script, as a user runs it
+    env = {**os.environ, "LLMPIPE_VLLM_PYTHON": str(vllm_python(base=ROOT)), "OMP_NUM_THREADS": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # a shared machine: no pinning to cores others use
+    cmd = [str(llmpipe), "serve", str(deploy), "--engine", "vllm", "--api-port", str(port), "--api-key", "k"]
+    with ManagedProcess(cmd, tmp_path / "serve.log", env=env, name="llmpipe-serve") as serve:
+        wait_for_http(f"http://127.0.0.1:{port}/health", timeout=600, proc=serve)
+        base_url = f"http://127.0.0.1:{port}/v1"
+        client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=300)
         assert [m.id for m in client.models.list().data] == ["llmpipe_lm"]
         done = client.completions.create(model="llmpipe_lm", prompt="The ", max_tokens=MAX_TOKENS, temperature=0)
         assert done.choices[0].finish_reason in ("length", "stop")
@@ -52,8 +88,11 @@ def test_openai_client_against_vllm_on_the_pretrain_artifact(pretrain_dir: Path,
                                               temperature=0)
         assert chat.usage.prompt_tokens == len(chat_ids)  # the artifact's template, rendered by vLLM
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).models.list()
-        pids = [server.process.pid, *(c.pid for c in psutil.Process(server.process.pid).children(True))]
+            openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+        pids = [serve.pid, *(c.pid for c in psutil.Process(serve.pid).children(True))]
+        assert len(pids) >= 2, "llmpipe serve runs vLLM's server as its child"
+        os.kill(serve.pid, signal.SIGTERM)  # as a service manager stops it: vLLM and its engine go with it
+        assert serve.wait(timeout=60) == 0
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert done.choices[0].text == _reference(pretrain_dir, tok("The ").input_ids)
     assert chat.choices[0].message.content == _reference(pretrain_dir, chat_ids)
