@@ -336,7 +336,8 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         else:
             stream = iter(edges)
         n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
-                                   texts.jaccard if cfg.verify else None, cfg.threshold)
+                                   texts.jaccard if cfg.verify else None, cfg.threshold,
+                                   texts.prefetch if cfg.verify else None)
     edges.clear()
 
     def keeper_of(i: int) -> int:
