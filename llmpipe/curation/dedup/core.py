@@ -134,36 +134,45 @@ def unique_edges(edges: np.ndarray) -> np.ndarray:
 class ShingleSets:
     """Exact Jaccard of two documents by global index: shingle sets recomputed from their texts.
 
-    The texts come from the shards (``(first, path)`` per shard). Members are decided in order, so
-    their shards are read one after another (the last ``shards`` shards' text columns are held);
-    keepers can sit anywhere earlier, so :func:`decide_near` asks for a block's keepers up front
-    (:meth:`prefetch`): each shard holding some is read once per block, not once per keeper. At
-    most the block's keepers and ``cached`` recent ones are held as shingle sets; a member's set is
-    computed once and not kept. So memory stays bounded by the block, not by the corpus.
+    The texts come from the shards (``(first, path)`` per shard); the most recently used shards' text
+    columns are held up to ``max_bytes``. Members are decided in order, so their shards are read one
+    after another; keepers can sit anywhere earlier, so :func:`decide_near` hands over a block's
+    candidate keepers up front (:meth:`prefetch`): each shard holding some is read once per block,
+    not once per keeper. The block's candidates and ``cached`` recent keepers are held as shingle
+    sets; a member's set is computed once and not kept. Memory is bounded by the block and
+    ``max_bytes``, not by the corpus.
     """
 
-    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], shards: int = 2,
+    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], max_bytes: int = 256 << 20,
                  cached: int = 1024) -> None:
         self.shingle = shingle
         self.files: list[tuple[int, Path]] = []
         self.firsts: list[int] = []
-        self.max_shards, self.max_sets = shards, cached
+        self.max_bytes, self.max_sets = max_bytes, cached
         self.columns: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # shard -> (text, metadata) arrays
         self.sets: OrderedDict[int, frozenset[bytes]] = OrderedDict()  # recent keepers
-        self.block: dict[int, frozenset[bytes]] = {}  # the current block's keepers
+        self.block: dict[int, frozenset[bytes]] = {}  # the current block's anchors and keepers
         self.computed = 0  # Jaccard values computed (the stage's ``edges_verified``)
+        self.reads = 0  # shard reads (the stage's ``verify_shard_reads``)
 
     def add(self, first: int, path: Path) -> None:
         """Register the next shard (in order): its first global index and its path."""
         self.files.append((first, path))
         self.firsts.append(first)
 
-    @staticmethod
-    def _read(path: Path) -> tuple[Any, Any]:
+    def _columns(self, k: int) -> tuple[Any, Any]:
+        """Shard ``k``'s text and metadata columns; the most recent shards are held up to ``max_bytes``."""
+        if k in self.columns:
+            self.columns.move_to_end(k)
+            return self.columns[k]
         import pyarrow.parquet as pq
 
-        t = pq.read_table(path, columns=["text", "metadata"])
-        return t.column("text"), t.column("metadata")
+        t = pq.read_table(self.files[k][1], columns=["text", "metadata"])
+        self.reads += 1
+        self.columns[k] = (t.column("text"), t.column("metadata"))
+        while len(self.columns) > 1 and sum(a.nbytes + b.nbytes for a, b in self.columns.values()) > self.max_bytes:
+            self.columns.popitem(last=False)
+        return self.columns[k]
 
     def _set(self, cols: tuple[Any, Any], row: int) -> frozenset[bytes]:
         from llmpipe.document import load_metadata
@@ -176,11 +185,11 @@ class ShingleSets:
         return bisect.bisect_right(self.firsts, idx) - 1
 
     def prefetch(self, idx: Iterable[int]) -> None:
-        """Hold the shingle sets of these documents (a block's keepers) until the next prefetch."""
+        """Hold the shingle sets of these documents (a block's candidate keepers) until the next prefetch."""
         self.block = {}
         want = sorted(i for i in set(idx) if i not in self.sets)
         for k, group in itertools.groupby(want, key=self._shard):
-            cols = self.columns.get(k) or self._read(self.files[k][1])
+            cols = self._columns(k)
             for i in group:
                 self.block[i] = self._set(cols, i - self.files[k][0])
 
@@ -193,13 +202,7 @@ class ShingleSets:
                 self.sets.move_to_end(idx)
             return got
         k = self._shard(idx)
-        if k in self.columns:
-            self.columns.move_to_end(k)
-        else:
-            self.columns[k] = self._read(self.files[k][1])
-            if len(self.columns) > self.max_shards:
-                self.columns.popitem(last=False)
-        got = self._set(self.columns[k], idx - self.files[k][0])
+        got = self._set(self._columns(k), idx - self.files[k][0])
         if cache:
             self.sets[idx] = got
             if len(self.sets) > self.max_sets:
@@ -225,7 +228,9 @@ def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int]
     ``edges``: (j, anchor) arrays in ascending j (each array sorted, arrays in order, no j split
     across arrays), as :func:`anchor_edges` gives them; ``jaccard`` None: unverified (``verify:
     false``). See the module docstring for the rule. Documents without an edge keep themselves.
-    ``prefetch``: called per array with the keepers of its anchors that precede it (final already).
+    ``prefetch``: called per array with every keeper its documents can pick: its anchors inside the
+    array and the (final) keepers of those before it; a keeper picked inside the array is one of
+    these, by induction over the array's documents.
     """
     def keeper(i: int) -> int:
         return int(keepers[i - first_new]) if i >= first_new else keeper_of_old(i)
@@ -236,9 +241,9 @@ def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int]
         if not len(chunk):
             continue
         js = chunk[:, 0]
-        if prefetch is not None:
-            before = chunk[chunk[:, 1] < js[0], 1]
-            prefetch({keeper(int(a)) for a in np.unique(before)})
+        if prefetch is not None:  # every keeper the block can pick: its anchors, earlier ones' final keepers
+            anchors = np.unique(chunk[:, 1])
+            prefetch({*anchors[anchors >= js[0]].tolist(), *(keeper(int(a)) for a in anchors[anchors < js[0]])})
         bounds = np.flatnonzero(np.concatenate(([True], js[1:] != js[:-1], [True])))
         for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             j = int(js[s])
