@@ -94,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         # curation + tokenize only, on a tenth of the corpus
-        args.reruns, args.overrides = 1, ["--flow", "data_refresh", "ingest.sample=0.1", *args.overrides]
+        args.reruns, args.overrides = 1, ["ingest.sample=0.1", *args.overrides, "--flow", "data_refresh"]
     from flows import prefect_ops
     from llmpipe.processes import free_port
 

@@ -71,13 +71,15 @@ def config(tmp: Path, overrides: list[str]) -> Any:
                        [f"store={tmp / 'store'}", f"state_dir={tmp / 'state'}", *overrides])
 
 
-def cold_run(overrides: list[str]) -> tuple[dict[str, Any], Path]:
-    """One cold lifecycle in a new temporary folder: prints per-stage times, returns the model's quality."""
+def cold_run(overrides: list[str], until: str | None = None) -> tuple[dict[str, Any], Path]:
+    """One cold lifecycle in a new temporary folder (up to stage ``until``): prints per-stage times, returns
+    the model's quality."""
     from llmpipe.dag import plan
 
     tmp = Path(tempfile.mkdtemp(prefix="llmpipe-tiny-vs-unigram-"))
     cfg = config(tmp, overrides)
-    rows = run_stages(cfg, list(plan(cfg)))
+    stages = list(plan(cfg))
+    rows = run_stages(cfg, stages[: stages.index(until) + 1] if until else stages)
     print(f"{'stage':10s} {'wall s':>8s} {'CPU s':>8s}")
     for name, wall, cpu, _ in rows:
         print(f"{name:10s} {wall:8.2f} {cpu:8.2f}")
@@ -109,14 +111,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        args.overrides = ["train.max_steps=10", "ingest.sample=0.1", *args.overrides]
+        args.overrides = ["train.max_steps=10", "ingest.sample=0.1", *args.overrides]  # and up to evaluate
 
     tmps: list[Path] = []
     try:
         ratios = []
         for i in range(args.repeat):
             print(f"\ncold run {i + 1} of {args.repeat}")
-            q, tmp = cold_run(args.overrides)
+            q, tmp = cold_run(args.overrides, "evaluate" if args.quick else None)
             tmps.append(tmp)
             ratios.append(q["ratio"])
             print(f"held-out bits per byte: model {q['bpb']:.4f}, unigram {q['unigram']:.4f}, "

@@ -30,10 +30,12 @@ flip an already published decision); the backward rule avoids both.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -132,54 +134,75 @@ def unique_edges(edges: np.ndarray) -> np.ndarray:
 class ShingleSets:
     """Exact Jaccard of two documents by global index: shingle sets recomputed from their texts.
 
-    The texts come from the shards (``(first, path)`` per shard); at most ``shards`` shards' text
-    columns and ``cached`` keepers' shingle sets are held (least recently used dropped first), so
-    memory stays bounded whatever the corpus: keepers recur (a boilerplate cluster's keeper is every
-    member's candidate) and are cached; members are read once, in order, and not cached.
+    The texts come from the shards (``(first, path)`` per shard); the most recently used shards' text
+    columns are held up to ``max_bytes``. Members are decided in order, so their shards are read one
+    after another; keepers can sit anywhere earlier, so :func:`decide_near` hands over a block's
+    candidate keepers up front (:meth:`prefetch`): each shard holding some is read once per block,
+    not once per keeper. The block's candidates and ``cached`` recent keepers are held as shingle
+    sets; a member's set is computed once and not kept. Memory is bounded by the block and
+    ``max_bytes``, not by the corpus.
     """
 
-    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], shards: int = 4,
+    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], max_bytes: int = 256 << 20,
                  cached: int = 1024) -> None:
         self.shingle = shingle
         self.files: list[tuple[int, Path]] = []
         self.firsts: list[int] = []
-        self.max_shards, self.max_sets = shards, cached
-        self.columns: OrderedDict[int, tuple[list[str], list[str | None]]] = OrderedDict()
-        self.sets: OrderedDict[int, frozenset[bytes]] = OrderedDict()
+        self.max_bytes, self.max_sets = max_bytes, cached
+        self.columns: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # shard -> (text, metadata) arrays
+        self.sets: OrderedDict[int, frozenset[bytes]] = OrderedDict()  # recent keepers
+        self.block: dict[int, frozenset[bytes]] = {}  # the current block's anchors and keepers
         self.computed = 0  # Jaccard values computed (the stage's ``edges_verified``)
+        self.reads = 0  # shard reads (the stage's ``verify_shard_reads``)
 
     def add(self, first: int, path: Path) -> None:
         """Register the next shard (in order): its first global index and its path."""
         self.files.append((first, path))
         self.firsts.append(first)
 
-    def _column(self, k: int) -> tuple[list[str], list[str | None]]:
+    def _columns(self, k: int) -> tuple[Any, Any]:
+        """Shard ``k``'s text and metadata columns; the most recent shards are held up to ``max_bytes``."""
         if k in self.columns:
             self.columns.move_to_end(k)
             return self.columns[k]
         import pyarrow.parquet as pq
 
-        from llmpipe.document import load_metadata
-
         t = pq.read_table(self.files[k][1], columns=["text", "metadata"])
-        langs = []
-        for m in t.column("metadata").to_pylist():
-            lang = load_metadata(m).get("lang") if m else None
-            langs.append(lang if isinstance(lang, str) else None)
-        self.columns[k] = (t.column("text").to_pylist(), langs)
-        if len(self.columns) > self.max_shards:
+        self.reads += 1
+        self.columns[k] = (t.column("text"), t.column("metadata"))
+        while len(self.columns) > 1 and sum(a.nbytes + b.nbytes for a, b in self.columns.values()) > self.max_bytes:
             self.columns.popitem(last=False)
         return self.columns[k]
 
+    def _set(self, cols: tuple[Any, Any], row: int) -> frozenset[bytes]:
+        from llmpipe.document import load_metadata
+
+        meta = cols[1][row].as_py()
+        lang = load_metadata(meta).get("lang") if meta else None
+        return frozenset(self.shingle(cols[0][row].as_py(), lang if isinstance(lang, str) else None))
+
+    def _shard(self, idx: int) -> int:
+        return bisect.bisect_right(self.firsts, idx) - 1
+
+    def prefetch(self, idx: Iterable[int]) -> None:
+        """Hold the shingle sets of these documents (a block's candidate keepers) until the next prefetch."""
+        self.block = {}
+        want = sorted(i for i in set(idx) if i not in self.sets)
+        for k, group in itertools.groupby(want, key=self._shard):
+            cols = self._columns(k)
+            for i in group:
+                self.block[i] = self._set(cols, i - self.files[k][0])
+
     def get(self, idx: int, cache: bool = True) -> frozenset[bytes]:
-        got = self.sets.get(idx)
+        got = self.block.get(idx)
+        if got is None:
+            got = self.sets.get(idx)
         if got is not None:
-            self.sets.move_to_end(idx)
+            if idx in self.sets:
+                self.sets.move_to_end(idx)
             return got
-        k = bisect.bisect_right(self.firsts, idx) - 1
-        texts, langs = self._column(k)
-        row = idx - self.files[k][0]
-        got = frozenset(self.shingle(texts[row], langs[row]))
+        k = self._shard(idx)
+        got = self._set(self._columns(k), idx - self.files[k][0])
         if cache:
             self.sets[idx] = got
             if len(self.sets) > self.max_sets:
@@ -197,13 +220,17 @@ class ShingleSets:
 
 
 def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int], keepers: np.ndarray,
-                first_new: int, jaccard: Callable[[int, int], float] | None, threshold: float) -> int:
+                first_new: int, jaccard: Callable[[int, int], float] | None, threshold: float,
+                prefetch: Callable[[Iterable[int]], None] | None = None) -> int:
     """Set ``keepers[j - first_new]`` of each new document ``j`` with edges that joins a set; returns the edges seen.
 
     ``keepers``: by global index - ``first_new``, each new document's own index on entry.
     ``edges``: (j, anchor) arrays in ascending j (each array sorted, arrays in order, no j split
     across arrays), as :func:`anchor_edges` gives them; ``jaccard`` None: unverified (``verify:
     false``). See the module docstring for the rule. Documents without an edge keep themselves.
+    ``prefetch``: called per array with every keeper its documents can pick: its anchors inside the
+    array and the (final) keepers of those before it; a keeper picked inside the array is one of
+    these, by induction over the array's documents.
     """
     def keeper(i: int) -> int:
         return int(keepers[i - first_new]) if i >= first_new else keeper_of_old(i)
@@ -214,6 +241,9 @@ def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int]
         if not len(chunk):
             continue
         js = chunk[:, 0]
+        if prefetch is not None:  # every keeper the block can pick: its anchors, earlier ones' final keepers
+            anchors = np.unique(chunk[:, 1])
+            prefetch({*anchors[anchors >= js[0]].tolist(), *(keeper(int(a)) for a in anchors[anchors < js[0]])})
         bounds = np.flatnonzero(np.concatenate(([True], js[1:] != js[:-1], [True])))
         for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             j = int(js[s])

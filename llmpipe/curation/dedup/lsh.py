@@ -169,6 +169,9 @@ class DatasketchIndex:
 
 # -- out-of-core backend ---------------------------------------------------------------------------
 
+BLOCK_DOCS = 4096  # new documents per block of edges of the external backend, at most
+
+
 class ExternalIndex:
     """Band buckets as sorted (key, doc) runs on disk, one run per input shard; bounded memory.
 
@@ -230,7 +233,8 @@ class ExternalIndex:
         budget; then each block's files are merged and yielded in turn, so neither the records
         nor the edges are ever all in memory (a document has at most ``bands`` edges).
         """
-        block = max(1, self.budget // (self.bands * self.RECORD_BYTES * 4))
+        # the verification holds a block's candidate keepers as shingle sets: a few thousand documents
+        block = max(1, min(self.budget // (self.bands * self.RECORD_BYTES * 4), BLOCK_DOCS))
         spill.mkdir(parents=True, exist_ok=True)
         for p, (lo, hi) in enumerate(self._ranges(self.partitions())):
             keys, docs = self._load_range(lo, hi)

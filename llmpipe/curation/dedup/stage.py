@@ -324,7 +324,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     keeper_new = np.arange(n_old_docs, first, dtype=np.int64)  # by (global index - n_old_docs)
     texts = core.ShingleSets(lambda text, lang: shingles(
         text, word_ngram=params["word_ngram"], char_ngram=params["char_ngram"], lang=lang,
-        char_ratio=params["char_script_ratio"]))
+        char_ratio=params["char_script_ratio"]), max_bytes=int(cfg.memory_budget_mb * (1 << 20)) // 2)
     start = 0
     for s, size in zip(shards, [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard],
                        strict=True):
@@ -336,7 +336,8 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         else:
             stream = iter(edges)
         n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
-                                   texts.jaccard if cfg.verify else None, cfg.threshold)
+                                   texts.jaccard if cfg.verify else None, cfg.threshold,
+                                   texts.prefetch if cfg.verify else None)
     edges.clear()
 
     def keeper_of(i: int) -> int:
@@ -379,7 +380,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         "shards": len(shards), "shards_reused": n_old, "new_docs": first - n_old_docs,
         "bands": params["bands"], "rows": params["rows"], "backend": cfg.backend,
         "lsh_inserts": index.inserts, "lsh_queries": index.queries, "edges_candidate": int(n_edges),
-        "edges_verified": int(texts.computed), "seconds": {k: round(v, 3) for k, v in timings.items()},
+        "edges_verified": int(texts.computed), "verify_shard_reads": int(texts.reads), "seconds": {k: round(v, 3) for k, v in timings.items()},
     })
     sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
     meta = {"params": params, "backend": cfg.backend,
