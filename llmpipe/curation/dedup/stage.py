@@ -53,7 +53,8 @@ core = lazy_import("llmpipe.curation.dedup.core")
 # 2: an empty kept shard has no row group (`datasets` reads it); unchanged shards linked
 # 3: the shared funnel (funnel.json in the filter stages' schema, funnel.png)
 # 4: candidates are edges to each bucket's anchor; near duplicates verified by exact Jaccard vs the keeper
-VERSION = "4"
+# 5: one definition of unspaced scripts with quality and safety (llmpipe.curation.text): lzh, Bopomofo, Han ext. G+
+VERSION = "5"
 INDEX_FORMAT = 3  # 2: memory index as base + deltas; 3: memory index rebuilt from the shards' signatures
 
 

@@ -17,16 +17,12 @@ none (its signature is all "empty" values, like a fresh datasketch ``MinHash``).
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 
-# Scripts written without spaces between words: Han, Hiragana, Katakana, Thai, Lao, Khmer, Myanmar.
-_NOSPACE_RANGES = (
-    (0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2FA1F),
-    (0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF),
-)
-_NOSPACE_RE = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _NOSPACE_RANGES) + "]")
-CHAR_LANGS = frozenset({"zh", "ja", "th", "lo", "km", "my", "yue", "wuu"})
+# Scripts and languages written without spaces between words: the one definition quality and safety use too
+from llmpipe.curation.text import UNSPACED_LANGS, UNSPACED_RE
+
+CHAR_LANGS = UNSPACED_LANGS
 
 
 def normalize(text: str) -> str:
@@ -49,7 +45,7 @@ def nospace_ratio(text: str, sample: int = 2000) -> float:
         len(head) - head.count(" ")
     if visible <= 0:
         return 0.0
-    return len(_NOSPACE_RE.findall(head)) / visible
+    return len(UNSPACED_RE.findall(head)) / visible
 
 
 def use_char_shingles(normalized: str, lang: str | None, char_ratio: float) -> bool:
