@@ -2,7 +2,7 @@
 
 No GPU here: these check the files (every key validates, the DeepSpeed JSONs merge into a full
 DeepSpeed config, the batch arithmetic divides on the intended GPU count), not a GPU run;
-``benchmarks/gpu/mfu.sh`` trains the presets' ``train:`` sections on a GPU machine.
+``benchmarks/gpu/run.sh`` trains the presets' ``train:`` sections on a GPU machine.
 """
 
 from __future__ import annotations

@@ -93,7 +93,9 @@ class Trainer:
         threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        if self.world > 1 and not dist.is_initialized():
+        # FSDP2 shards over a process group even of one rank (a one-GPU run of an FSDP2 preset)
+        one_rank_fsdp2 = self.cfg.strategy == "fsdp2" and "MASTER_ADDR" in os.environ
+        if (self.world > 1 or one_rank_fsdp2) and not dist.is_initialized():
             backend = "nccl" if want_cuda else "gloo"
             if self.cfg.strategy == "deepspeed":
                 import deepspeed

@@ -68,3 +68,35 @@ def test_the_stage_reports_the_mean_mfu_not_the_last() -> None:
 
     recs = [{"mfu": 0.2}, {"mfu": 0.4}, {"mfu": None}, {}]
     assert _mean_of(recs, "mfu") == pytest.approx(0.3) and _mean_of([{}], "mfu") is None
+
+
+def test_the_gpu_benchmark_refuses_on_cpu_with_one_line() -> None:
+    """``benchmarks/gpu/run.sh`` measures only on a GPU; here (no CUDA) it says so in one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would measure")
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(repo)}
+    r = subprocess.run(["bash", str(repo / "benchmarks/gpu/run.sh")], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["benchmarks/gpu/run.sh: no CUDA GPU here (torch.cuda.is_available() is "
+                                     "False); nothing measured"]
+
+
+@pytest.mark.slow
+def test_fsdp2_runs_on_one_process(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    """A preset that names FSDP2 runs as shipped on one GPU (``benchmarks/gpu/run.sh``): a one-rank
+    process group and mesh; the losses are those of DDP on one process."""
+    from llmpipe.training.launch import launch
+
+    losses = {}
+    for strategy in ("fsdp2", "ddp"):
+        cfg = TrainConfig(**tiny_train(strategy=strategy, max_steps=3, checkpoint={"every": 0},
+                                       launch={"nproc_per_node": 1}))
+        res = launch(cfg.launch, worker_spec(cfg, packed, tmp_path / strategy), tmp_path / strategy)
+        losses[strategy] = [m["loss"] for m in res.metrics]
+    assert max(abs(a - b) for a, b in zip(losses["fsdp2"], losses["ddp"], strict=True)) <= 1e-5, losses
