@@ -16,8 +16,8 @@ width kv, MLP width i, a heads, sequence s): ``4·(8h + 2kv + 4i)`` bytes in fp3
 ``34h + 8kv + 14i`` under bf16/fp16 autocast (the residual stream and the RMSNorms stay fp32),
 plus the attention scores only where the attention materialises them (``eager``: ``4·a·s`` or
 ``6·a·s`` bytes; SDPA and flash attention keep none: Korthikanti et al.'s ``5·a·s/h`` term does
-not apply to them), plus the head (``4·V`` or ``6·V`` bytes of logits and their log-softmax, and
-about ``12h``). With activation checkpointing each layer keeps its fp32 input (``4h``) and one layer
+not apply to them), plus the head (the logits, ``4·V`` or ``2·V`` bytes: the trainer's chunked
+cross-entropy keeps no fp32 log-softmax of the whole vocabulary; and about ``12h``). With activation checkpointing each layer keeps its fp32 input (``4h``) and one layer
 is recomputed at a time. The coefficients are counted, not guessed:
 ``tests/unit/training/test_training_strategy.py`` measures every tensor autograd saves for
 backward of tiny models on the CPU and holds the estimate to 20% of it. The planner is a pure
@@ -127,7 +127,7 @@ def activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, precisio
     if precision == "fp32":
         layer, scores, head = 4 * (8 * h + 2 * kv + 4 * inter), 4 * a * s, 4 * shape.vocab + 12 * h
     else:
-        layer, scores, head = 34 * h + 8 * kv + 14 * inter, 6 * a * s, 6 * shape.vocab + 12 * h
+        layer, scores, head = 34 * h + 8 * kv + 14 * inter, 6 * a * s, 2 * shape.vocab + 12 * h
     if attention == "eager":  # the softmax's probabilities, a x s per token: the s^2 term
         layer += scores
     kept = shape.layers * 4 * h + layer if checkpointing else shape.layers * layer

@@ -100,3 +100,31 @@ def test_fsdp2_runs_on_one_process(tmp_path: Path, packed: Path, tiny_train, wor
         res = launch(cfg.launch, worker_spec(cfg, packed, tmp_path / strategy), tmp_path / strategy)
         losses[strategy] = [m["loss"] for m in res.metrics]
     assert max(abs(a - b) for a, b in zip(losses["fsdp2"], losses["ddp"], strict=True)) <= 1e-5, losses
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_loss_equals_the_plain_one_and_keeps_no_fp32_vocabulary(dtype: torch.dtype) -> None:
+    """Loss and gradient of the chunked cross-entropy against ``token_loss`` to 1e-5 (padding targets
+    included, a last chunk shorter than the others); autograd keeps the logits themselves and no fp32
+    tensor of the whole vocabulary for every token."""
+    from llmpipe.training.engines import chunked_token_loss, token_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 50, 300).to(dtype)
+    targets = torch.randint(0, 300, (2, 50))
+    targets[0, :7] = -100
+    grads = []
+    for fn in (lambda x: token_loss(x, targets), lambda x: chunked_token_loss(x, targets, 16)):
+        x = logits.clone().requires_grad_(True)
+        loss = fn(x)
+        loss.backward()
+        grads.append((loss.detach(), x.grad))
+    (plain, g_plain), (chunked, g_chunked) = grads
+    assert abs(float(plain) - float(chunked)) <= 1e-5
+    assert torch.allclose(g_plain.float(), g_chunked.float(), atol=1e-5)
+    kept: list[torch.Tensor] = []
+    x = logits.clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        chunked_token_loss(x, targets, 16)
+    big_fp32 = [t for t in kept if t.dtype == torch.float32 and t.numel() >= 100 * 300]
+    assert dtype == torch.float32 or not big_fp32, [t.shape for t in big_fp32]

@@ -73,12 +73,13 @@ def test_the_accounting_is_sixteen_bytes_per_parameter_and_checkpointing_saves_a
 def _saved_for_backward(attention: str, precision: str, checkpointing: bool, seq: int, batch: int,
                         **shape: int) -> tuple[int, ModelShape]:
     """Bytes of every tensor autograd keeps for the backward pass of one micro-batch of a real tiny
-    Llama (each storage once, the parameters left out), with the trainer's loss: what the planner's
+    Llama (each storage once, the parameters left out), with the trainer's default loss: what the planner's
     activation estimate stands for, counted exactly on the CPU (peak RSS is too noisy to test)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from llmpipe.training.engines import token_loss
+    from llmpipe.training.config import TrainConfig
+    from llmpipe.training.engines import _loss
 
     conf = LlamaConfig(**{**dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=4, vocab_size=128), **shape},
@@ -100,7 +101,7 @@ def _saved_for_backward(attention: str, precision: str, checkpointing: bool, seq
     ids = torch.randint(0, conf.vocab_size, (batch, seq))
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
-        token_loss(model(input_ids=ids).logits, ids)
+        _loss(model(input_ids=ids).logits, ids, None, TrainConfig())  # the trainer's (chunked) loss
     return sum(kept.values()), ModelShape.of_llama(conf)
 
 
