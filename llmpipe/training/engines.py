@@ -374,11 +374,16 @@ class TensorParallelEngine(DCPEngine):
         return norm
 
 
-def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None) -> dict[str, Any]:
+def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None, cuda: bool = False
+                     ) -> dict[str, Any]:
     """The DeepSpeed JSON: the user's file or inline dict, with batch, optimizer and precision filled in.
 
     Batch sizes, optimizer, clipping and precision come from ``train:`` so the same YAML means the
     same run under every strategy; the user's config contributes ZeRO stage, offload and tuning knobs.
+    With bf16/fp16, gradients are communicated in fp32 as FSDP2 reduces them (``reduce_dtype``). On
+    the GPU (``cuda``) DeepSpeed picks its own Adam (fused, or DeepSpeedCPUAdam for an offloaded
+    optimizer); on the CPU torch's AdamW, unless the user's file says otherwise: DeepSpeed's CPU
+    Adam JIT-compiles for minutes on first use.
     """
     user: dict[str, Any] = {}
     if isinstance(cfg.deepspeed, dict):
@@ -404,17 +409,17 @@ def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None)
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {
             "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay,
-            # torch's AdamW: no JIT-compiled fused/cpu Adam op (minutes on first use on CPU)
-            "torch_adam": bool(user.get("optimizer", {}).get("params", {}).get("torch_adam", True)),
+            "torch_adam": bool(user.get("optimizer", {}).get("params", {}).get("torch_adam", not cuda)),
             "adam_w_mode": True}},
         # a non-finite loss skips the step through ZeRO's gradient overflow check (DeepSpeedEngine.step)
         "bf16": {"enabled": cfg.precision == "bf16", "check_grad_overflow": True},
         "fp16": {"enabled": cfg.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        **({"communication_data_type": "fp32"} if cfg.precision != "fp32" else {}),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     })
-    if offload:
-        out["zero_force_ds_cpu_optimizer"] = False
+    if offload and out["optimizer"]["params"]["torch_adam"]:
+        out["zero_force_ds_cpu_optimizer"] = False  # torch's AdamW on the offloaded states
     return out
 
 

@@ -160,7 +160,7 @@ class Trainer:
                      "device=%s",
                      f"{sum(p.numel() for p in model.parameters()):,}", attn, cfg.strategy, self.world,
                      cfg.parallel.tensor, cfg.parallel.pipeline, self.order.accum, self.device)
-        ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", "."))) \
+        ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", ".")), self.device.type == "cuda") \
             if cfg.strategy == "deepspeed" else None
         if cfg.parallel.pipeline > 1:  # its own step (pipeline_step): the schedule owns the micro-batches
             from llmpipe.training.pipeline import PipelineEngine

@@ -23,6 +23,9 @@ ENGINES = {
     "zero1": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero1.json")},
     "zero2": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero2.json")},
     "zero3": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero3.json")},
+    # bf16: ZeRO's overflow check on (bf16.check_grad_overflow), gradients communicated in fp32
+    "zero2_bf16": {"strategy": "deepspeed", "deepspeed": str(REPO / "configs/deepspeed/zero2.json"),
+                   "precision": "bf16"},
     "ddp": {"strategy": "ddp"},
     "fsdp2": {"strategy": "fsdp2"},
     "tensor2": {"parallel": {"tensor": 2}},

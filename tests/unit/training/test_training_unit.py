@@ -148,6 +148,14 @@ def test_deepspeed_config_from_file_fills_batch_and_optimizer() -> None:
     assert ds["optimizer"]["params"]["lr"] == 1e-3 and ds["gradient_clipping"] == 0.5
     z3 = deepspeed_config(TrainConfig(strategy="deepspeed", deepspeed={"zero_optimization": {"stage": 3}}), 1)
     assert z3["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    # CPU: torch's AdamW (no JIT-compiled op); GPU: DeepSpeed's own (DeepSpeedCPUAdam for an offloaded
+    # optimizer); 16-bit gradients communicated in fp32, as FSDP2 reduces them
+    assert ds["optimizer"]["params"]["torch_adam"] and ds["zero_force_ds_cpu_optimizer"] is False
+    gpu = deepspeed_config(cfg, world=2, cuda=True)
+    assert not gpu["optimizer"]["params"]["torch_adam"] and "zero_force_ds_cpu_optimizer" not in gpu
+    assert "communication_data_type" not in gpu
+    bf16 = deepspeed_config(TrainConfig(strategy="deepspeed", precision="bf16"), 1, cuda=True)
+    assert bf16["communication_data_type"] == "fp32" and bf16["bf16"]["enabled"]
     for f in sorted((REPO / "configs/deepspeed").glob("*.json")):
         assert "stage" in json.loads(f.read_text())["zero_optimization"], f.name
 
