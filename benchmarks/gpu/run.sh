@@ -6,15 +6,15 @@
 # as the peer (the same model, micro batch, accumulation, dtype, compile, clipping and fused AdamW).
 # gpu-1b ships for 8 GPUs with FSDP2: on one GPU it still runs FSDP2 (a one-rank mesh) with the
 # accumulation one of its 8 GPUs does; when the planner says a micro batch does not fit this GPU it
-# halves it and doubles the accumulation, and says so. Only train.max_steps and the checkpoint
-# cadence come from here.
+# halves it and doubles the accumulation, and says so. Only train.max_steps, the checkpoint cadence
+# and log_every (a record per step) come from here.
 #
 # Prints per preset: tokens/s (trainer and bare), MFU (the trainer's per-step figure against the
 # device's peak dense bf16 FLOP/s, llmpipe.training.model.PEAK_FLOPS by exact device name, or
 # PEAK_TFLOPS=...), the measured peak memory against the planner's estimate
 # (llmpipe.training.strategy.estimate), then
 #   RESULT mfu_125m <x> goal >= 0.40
-#   RESULT mfu_1b <x> goal >= 0.40
+#   RESULT mfu_1b <x> goal >= 0.50
 #   RESULT trainer_vs_bare <min over the presets of trainer tok/s / bare tok/s> goal >= 0.95
 # Medians over the steps after the compile warm-up (the first third). On a machine without a CUDA
 # GPU it refuses with one line and exit code 2.
@@ -60,7 +60,8 @@ def planned(t, vocab: int, seq: int, micro: int) -> float:
 
 def one_gpu(name: str):
     """The preset's train: section on this one GPU: its per-GPU micro batch and accumulation."""
-    cfg = load_config(Path("configs") / f"{name}.yaml", [f"train.max_steps={steps}", "train.checkpoint.every=0"])
+    cfg = load_config(Path("configs") / f"{name}.yaml", [f"train.max_steps={steps}", "train.checkpoint.every=0",
+                                                                 "train.log_every=1"])
     t = cfg.train
     seq, vocab = cfg.tokenize.seq_len, cfg.tokenizer.vocab_size
     accum = t.global_batch_size // (t.micro_batch_size * t.launch.world_size)
@@ -127,8 +128,9 @@ with tempfile.TemporaryDirectory() as tmp:
               f"{tps / bare:.3f} | peak memory {mem / GB:.1f} GiB, planner {plan / GB:.1f} GiB "
               f"(measured/planned {mem / plan:.2f})", flush=True)
         results[name] = (mfu, tps / bare)
-for name, key in (("gpu-125m", "mfu_125m"), ("gpu-1b", "mfu_1b")):
-    if name in results:
-        print(f"RESULT {key} {results[name][0]:.3f} goal >= 0.40")
+if "gpu-125m" in results:
+    print(f"RESULT mfu_125m {results['gpu-125m'][0]:.3f} goal >= 0.40")
+if "gpu-1b" in results:
+    print(f"RESULT mfu_1b {results['gpu-1b'][0]:.3f} goal >= 0.50")
 print(f"RESULT trainer_vs_bare {min(r[1] for r in results.values()):.3f} goal >= 0.95")
 PYEOF
