@@ -84,3 +84,23 @@ def test_eval_every_logs_validation_loss_and_bits_per_byte_and_changes_no_traini
     events = EventAccumulator(str(tmp_path / "eval/tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/val_loss")] == [2, 4, 6]
+
+
+def test_a_wsd_checkpoint_from_the_stable_phase_continues_as_the_longer_run(
+        tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    """An 8-step wsd run's step-4 checkpoint (stable phase), resumed with max_steps 12, gives the
+    12-step run's losses at every step, bit for bit (one process)."""
+    torch.set_num_threads(1)
+
+    def cfg(steps: int) -> TrainConfig:
+        return TrainConfig(**tiny_train(max_steps=steps, launch={"nproc_per_node": 1}, checkpoint={"every": 4, "keep": 3},
+                                        schedule={"kind": "wsd", "warmup_steps": 1, "decay_steps": 2}))
+
+    _run(tmp_path / "short", packed, worker_spec, cfg(8))
+    longer = tmp_path / "longer"
+    shutil.copytree(tmp_path / "short/checkpoints/step_00000004", longer / "checkpoints/step_00000004")
+    shutil.copy(tmp_path / "short/metrics.jsonl", longer / "metrics.jsonl")
+    extended = _run(longer, packed, worker_spec, cfg(12))
+    fresh = _run(tmp_path / "fresh", packed, worker_spec, cfg(12))
+    assert [r["step"] for r in extended] == list(range(1, 13))
+    assert [r["loss"] for r in extended] == [r["loss"] for r in fresh]
