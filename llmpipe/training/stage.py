@@ -86,6 +86,13 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
         raise TrainingError(
             f"train.global_batch_size: must be divisible by micro_batch_size x world size{per} "
             f"({cfg.micro_batch_size} x {world} = {cfg.micro_batch_size * world}), got {cfg.global_batch_size}")
+    if cfg.strategy == "deepspeed":  # before any worker starts: a ZeRO setting that cannot skip a step
+        from llmpipe.training.engines import deepspeed_config
+
+        try:
+            deepspeed_config(cfg, cfg.launch.world_size)
+        except ValueError as e:
+            raise TrainingError(str(e)) from None
     try:
         source = open_packed(data_dir, cfg.split)
     except FileNotFoundError as e:

@@ -78,6 +78,10 @@ def test_plan_rejects_long_sequences_and_missing_shards(packed: Path, tmp_path: 
         plan(TrainConfig(**tiny_train()), tmp_path, 128)
     with pytest.raises(TrainingError, match=r"^train\.precision"):
         plan(TrainConfig(**tiny_train(precision="fp16", launch={"device": "cpu"})), packed, 128)
+    stage0 = TrainConfig(**tiny_train(strategy="deepspeed", deepspeed={"zero_optimization": {"stage": 0}}))
+    with pytest.raises(TrainingError, match=r"^train\.deepspeed: zero_optimization\.stage must be 1, 2 or 3 "
+                                            r"\(stage 0 steps over non-finite gradients\)"):
+        plan(stage0, packed, 128)
     ok = plan(TrainConfig(**tiny_train()), packed, 128)
     assert ok["accumulation"] == 2 and ok["seq_len"] == 32 and ok["sequences"] == 64
 
