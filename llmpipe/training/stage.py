@@ -91,8 +91,10 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
 
         try:
             deepspeed_config(cfg, cfg.launch.world_size)
-        except ValueError as e:
-            raise TrainingError(str(e)) from None
+        except ValueError as e:  # json.JSONDecodeError too
+            raise TrainingError(str(e) if str(e).startswith("train.") else f"train.deepspeed: {e}") from None
+        except OSError as e:
+            raise TrainingError(f"train.deepspeed: cannot read {cfg.deepspeed}: {e.strerror}") from None
     try:
         source = open_packed(data_dir, cfg.split)
     except FileNotFoundError as e:
@@ -133,8 +135,10 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
         try:
             check_divides(model_config_of(cfg, vocab_size), cfg.parallel.tensor)
             check_layers(model_config_of(cfg, vocab_size), cfg.parallel.pipeline)
-        except ValueError as e:
-            raise TrainingError(str(e)) from None
+        except ValueError as e:  # json.JSONDecodeError too
+            raise TrainingError(str(e) if str(e).startswith("train.") else f"train.deepspeed: {e}") from None
+        except OSError as e:
+            raise TrainingError(f"train.deepspeed: cannot read {cfg.deepspeed}: {e.strerror}") from None
     return {"seq_len": seq_len, "sequences": len(source), "world_size": cfg.launch.world_size,
             "accumulation": cfg.global_batch_size // (cfg.micro_batch_size * world), "vocab_size": vocab_size,
             **({"tensor_parallel": cfg.parallel.tensor} if cfg.parallel.tensor > 1 else {}),
