@@ -46,7 +46,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "tokenize.py": (300, ()),
     "train_throughput.py": (600, (SLOW,)),
 }
-GPU_ONLY = ("gpu/mfu.sh",)
+GPU_ONLY = ("gpu/run.sh",)
 # scripts whose quick run needs a session fixture, so it lives beside that fixture's tests
 QUICK_ELSEWHERE = {"eval_harness.py": "tests/unit/evaluation/test_eval_harness_benchmark.py"}  # the toy model
 

@@ -2,7 +2,7 @@
 
 No GPU here: these check the files (every key validates, the DeepSpeed JSONs merge into a full
 DeepSpeed config, the batch arithmetic divides on the intended GPU count), not a GPU run;
-``benchmarks/gpu/mfu.sh`` trains the presets' ``train:`` sections on a GPU machine.
+``benchmarks/gpu/run.sh`` trains the presets' ``train:`` sections on a GPU machine.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def test_gpu_1b_zero2_alternative_merges() -> None:
     zero = ds["zero_optimization"]
     assert zero["stage"] == 2 and zero["overlap_comm"] and zero["contiguous_gradients"]
     assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 5e8
-    assert ds["bf16"] == {"enabled": True} and not ds["fp16"]["enabled"]
+    # a non-finite loss skips its step through ZeRO's overflow check
+    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": True} and not ds["fp16"]["enabled"]
     assert ds["train_batch_size"] == 256 and ds["gradient_accumulation_steps"] == 4
 
 

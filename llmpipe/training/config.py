@@ -46,12 +46,21 @@ class OptimizerConfig(Section):
 
 
 class ScheduleConfig(Section):
-    """The learning rate per step: linear warmup to ``optimizer.lr``, then ``kind`` down to the floor."""
+    """The learning rate per step: linear warmup to ``optimizer.lr``, then ``kind`` down to the floor.
 
-    kind: Literal["cosine", "cosine_restarts", "constant"] = "cosine"
+    ``wsd`` (warmup-stable-decay) holds the peak until the last ``decay_steps`` (or ``decay_ratio`` of
+    ``max_steps``) and decays linearly to the floor there: the stable phase does not depend on
+    ``max_steps``, so a run checkpointed in it continues as a longer run (a larger ``max_steps``, the
+    same ``checkpoint.dir``) with the learning rates it would have had from the start.
+    """
+
+    kind: Literal["cosine", "cosine_restarts", "constant", "wsd"] = "cosine"
     warmup_steps: int = Field(2, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the floor of the cosine, as a fraction of lr")
     restart_period: int = Field(0, ge=0, description="steps per cycle for cosine_restarts (0: max_steps/2)")
+    decay_steps: int = Field(0, ge=0, description="wsd: steps of the final linear decay (0: decay_ratio x max_steps)")
+    decay_ratio: float = Field(0.2, gt=0, le=1, description="wsd: the decay's share of max_steps when "
+                                                            "decay_steps is 0")
 
 
 class GuardsConfig(Section):
@@ -111,6 +120,9 @@ class LossConfig(Section):
     entity_weight: float | None = Field(None, gt=0, description="weight of entity targets' cross-entropy; "
                                         "None: plain cross-entropy")
     alpha: float = Field(0.9, ge=0, le=1, description="seed_reward: the weight of the cross-entropy term")
+    chunk_tokens: int = Field(4096, ge=0, description="plain cross-entropy in chunks of this many tokens, each "
+                              "upcast to fp32 and recomputed in backward (never fp32 logits of the whole "
+                              "vocabulary for every token); 0: in one piece")
 
 
 class WatchConfig(Section):
@@ -174,6 +186,13 @@ class LaunchConfig(Section):
     threads_per_process: int = run_setting(0, ge=0, description="OMP threads per worker (0: cores / processes)")
     prefetch: int = run_setting(2, ge=0, description="steps of batches a background thread assembles ahead "
                                 "(on CUDA copied from pinned memory while the step computes); 0: off")
+    deterministic: bool = run_setting(False, description="torch.use_deterministic_algorithms on the GPU: "
+                                      "bit-exact reruns at a cost (no Inductor autotuning, NaN-filled new "
+                                      "tensors; flash attention's backward stays nondeterministic); the CPU "
+                                      "kernels llmpipe runs are deterministic either way")
+    peak_tflops: float | None = run_setting(None, gt=0, description="the device's peak dense bf16 TFLOP/s "
+                                            "for MFU (None: from the exact device name, "
+                                            "llmpipe.training.model.PEAK_FLOPS)")
 
     @model_validator(mode="after")
     def _topology(self) -> LaunchConfig:
@@ -210,6 +229,12 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = False
     compile: bool = False
     log_every: int = run_setting(1, gt=0)
+    # in the key: the validation figures are results in the artifact's metrics
+    eval_every: int = Field(0, ge=0, description="steps between validation passes (loss and bits per byte "
+                            "on the first eval_sequences of eval_split, and at the last step); 0: off")
+    eval_split: str = Field("val", description="the packed split held out for validation")
+    eval_sequences: int = Field(64, gt=0, description="the fixed held-out slice: this many sequences from "
+                                "the start of eval_split (rounded down to whole micro-batches per replica)")
 
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
@@ -242,6 +267,10 @@ class TrainConfig(Section):
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
                              f"micro_batch_size ({self.micro_batch_size})")
+        if self.schedule.kind == "wsd" and self.wsd_decay_steps > self.max_steps - self.schedule.warmup_steps:
+            raise ValueError(f"schedule.decay_steps ({self.wsd_decay_steps}) is longer than the steps after "
+                             f"warmup (max_steps {self.max_steps} - schedule.warmup_steps "
+                             f"{self.schedule.warmup_steps})")
         if self.launch.launcher == "deepspeed" and self.strategy != "deepspeed":
             raise ValueError(f"launch.launcher 'deepspeed' needs strategy 'deepspeed', got {self.strategy!r}")
         self._check_parallel()
@@ -288,9 +317,20 @@ class TrainConfig(Section):
                              f"(micro_batch_size {self.micro_batch_size} x {replicas} replicas))")
         if self.precision == "fp16":
             raise ValueError("parallel.pipeline > 1 has no fp16 loss scaling: use bf16 or fp32")
+        if self.eval_every:
+            raise ValueError("eval_every with parallel.pipeline > 1: the pipeline schedule runs training steps "
+                             "only; set eval_every: 0 (the evaluate stage scores the exported model)")
+        if self.compile:
+            raise ValueError("compile: true with parallel.pipeline > 1: the pipeline stages run uncompiled "
+                             "(torch.distributed.pipelining drives each stage's forward itself); set compile: false")
         if self.loss.entity_weight is not None:
             raise ValueError("parallel.pipeline > 1: the last stage computes plain cross-entropy; "
                              "the entity loss (loss.entity_weight) is not supported there")
+
+    @property
+    def wsd_decay_steps(self) -> int:
+        """The steps of a ``wsd`` schedule's decay: ``decay_steps``, else ``decay_ratio`` of max_steps."""
+        return self.schedule.decay_steps or max(1, round(self.schedule.decay_ratio * self.max_steps))
 
     @property
     def model_parallel(self) -> int:

@@ -192,6 +192,8 @@ class BatchLoader:
 
     def _work(self) -> None:
         step = self.first
+        if self._cuda:  # a new thread starts on GPU 0: its copies and stream belong to this rank's device
+            torch.cuda.set_device(self.device)
         try:
             for step in range(self.first, self.last):
                 if self._stop.is_set() or not self._put((step, self._to_device(self.make(step)))):

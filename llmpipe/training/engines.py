@@ -46,6 +46,24 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                                              ignore_index=-100)
 
 
+def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
+
+
+def chunked_token_loss(logits: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """:func:`token_loss` computed ``chunk`` tokens at a time: each chunk is upcast to fp32 and its
+    log-softmax recomputed in backward (``torch.utils.checkpoint``), so the fp32 copy and log-softmax
+    of the whole vocabulary exist for one chunk at a time, never for every token of the micro-batch
+    (for 8 x 2048 tokens of a 32k vocabulary: 4 GiB kept through backward otherwise). The same loss
+    to float rounding (a sum over chunks divided by the target count instead of one mean)."""
+    from torch.utils.checkpoint import checkpoint
+
+    flat, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    total = sum(checkpoint(_ce_sum, flat[i:i + chunk], t[i:i + chunk], use_reentrant=False)
+                for i in range(0, flat.shape[0], chunk))
+    return total / (t != -100).sum().clamp_min(1)
+
+
 def entity_loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor, cfg: Any) -> torch.Tensor:
     """The entity loss of ``train.loss`` (``cfg``) over non-padding targets; ``entity``: 1 where a target
     overlaps an entity span (see :class:`llmpipe.training.config.LossConfig`)."""
@@ -62,9 +80,10 @@ def entity_loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tenso
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor | None, cfg: Any) -> torch.Tensor:
-    """Plain cross-entropy (the same call as ever) unless the entity loss is on and a mask came."""
+    """Plain cross-entropy (in chunks: ``train.loss.chunk_tokens``) unless the entity loss is on and a mask came."""
     if entity is None or cfg.loss.entity_weight is None:
-        return token_loss(logits, targets)
+        chunk = cfg.loss.chunk_tokens
+        return chunked_token_loss(logits, targets, chunk) if chunk else token_loss(logits, targets)
     return entity_loss(logits, targets, entity, cfg.loss)
 
 
@@ -77,19 +96,12 @@ def set_lr_or_skip(optimizer: torch.optim.Optimizer, lr: float, skip: bool) -> b
     return not skip
 
 
-def surrogate_loss(logits: torch.Tensor) -> torch.Tensor:
-    """A zero loss wired to the same graph: backward runs every collective with zero gradients.
-
-    Used when some rank saw a non-finite loss, so all ranks stay in lock-step without applying it.
-    """
-    return torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0).float().sum() * 0.0
-
-
 class Engine:
     """The shared part: autocast, AdamW, grad scaling and clipping for torch-native strategies (fp16:
     GradScaler here, ShardedGradScaler in the DTensor engines, see ``sharded_scaler``)."""
 
     name = "base"
+    checkpoint_format = "dcp"  # how ``save`` writes (``resume.py``: which engines can read it back)
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
@@ -110,6 +122,9 @@ class Engine:
         c = self.cfg.optimizer
         return torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), eps=c.eps,
                                  fused=self.device.type == "cuda")
+
+    def start_step(self, lr: float) -> None:
+        """Called before a step's first forward; the torch engines set ``lr`` in ``step``."""
 
     def sync_context(self, last_micro: bool) -> Any:
         return contextlib.nullcontext()
@@ -172,43 +187,12 @@ class Engine:
         raise NotImplementedError
 
 
-class DDPEngine(Engine):
-    name = "ddp"
-
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = model.to(device)
-        self.module = model
-        super().__init__(model, cfg, device)
-        if _world() > 1:
-            self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if cfg.compile:
-            self.model = torch.compile(self.model)
-        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
-
-    def sync_context(self, last_micro: bool) -> Any:
-        if last_micro or not hasattr(self.model, "no_sync"):
-            return contextlib.nullcontext()
-        return self.model.no_sync()
-
-    def save(self, path: Path) -> None:
-        if _rank() == 0:
-            state = {"model": self.module.state_dict(), "optim": self.optimizer.state_dict()}
-            if self.scaler is not None:
-                state["scaler"] = self.scaler.state_dict()
-            torch.save(state, path / "model_optim.pt")
-
-    def load(self, path: Path) -> None:
-        state = torch.load(path / "model_optim.pt", map_location=self.device, weights_only=False)
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optim"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-            self._scale = None
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if _rank() == 0 else None
+def compile_blocks(model: torch.nn.Module) -> None:
+    """``torch.compile`` each decoder block in place (``Module.compile``: the parameter names stay), as
+    torchtitan does before ``fully_shard``: FSDP2's all-gathers and reduce-scatters stay between the
+    compiled blocks, where a whole-model compile of a sharded model would trace through them."""
+    for layer in model.model.layers:
+        layer.compile()
 
 
 def _fully_shard(model: torch.nn.Module, cfg: TrainConfig, mesh: Any = None) -> bool:
@@ -273,6 +257,46 @@ class DCPEngine(Engine):
         return sd if _rank() == 0 else None
 
 
+class DDPEngine(DCPEngine):
+    """DistributedDataParallel; checkpoints through DCP as the sharded engines, so a DDP run resumes
+    as FSDP2 or tensor parallel (DCP reshards the full tensors) and the other way round."""
+
+    name = "ddp"
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = model.to(device)
+        self.module = model
+        super().__init__(model, cfg, device)
+        if _world() > 1:
+            self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if cfg.compile:
+            self.model = torch.compile(self.model)
+        self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
+
+    def sync_context(self, last_micro: bool) -> Any:
+        if last_micro or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def load(self, path: Path) -> None:
+        """DCP, or the one ``model_optim.pt`` of a checkpoint written before DDP saved through DCP."""
+        legacy = path / "model_optim.pt"
+        if not legacy.is_file():
+            super().load(path)
+            return
+        state = torch.load(legacy, map_location=self.device, weights_only=False)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+            self._scale = None
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if _rank() == 0 else None
+
+
 class FSDP2Engine(DCPEngine):
     """Per-decoder-layer ``fully_shard`` plus the root; checkpoints via torch.distributed.checkpoint."""
 
@@ -280,13 +304,13 @@ class FSDP2Engine(DCPEngine):
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         model = model.to(device)
+        if cfg.compile:
+            compile_blocks(model)
         casts = _fully_shard(model, cfg)
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32  # FSDP casts parameters itself
         self.scaler = sharded_scaler(cfg, device)
-        if cfg.compile:
-            self.model = torch.compile(model)
         self.module = model
         self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
 
@@ -316,13 +340,13 @@ class TensorParallelEngine(DCPEngine):
         model = model.to(device)
         self.mesh = device_mesh(device, _world(), cfg.parallel.tensor)
         parallelize(model, self.mesh["tp"])
+        if cfg.compile:
+            compile_blocks(model)
         casts = self.mesh["dp"].size() > 1 and _fully_shard(model, cfg, self.mesh["dp"])
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32
         self.scaler = sharded_scaler(cfg, device)
-        if cfg.compile:
-            self.model = torch.compile(model)
         self.module = model
         self.optimizer = self.make_optimizer(param_groups(model, cfg.optimizer.weight_decay))
 
@@ -350,11 +374,16 @@ class TensorParallelEngine(DCPEngine):
         return norm
 
 
-def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None) -> dict[str, Any]:
+def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None, cuda: bool = False
+                     ) -> dict[str, Any]:
     """The DeepSpeed JSON: the user's file or inline dict, with batch, optimizer and precision filled in.
 
     Batch sizes, optimizer, clipping and precision come from ``train:`` so the same YAML means the
     same run under every strategy; the user's config contributes ZeRO stage, offload and tuning knobs.
+    With bf16/fp16, gradients are communicated in fp32 as FSDP2 reduces them (``reduce_dtype``). On
+    the GPU (``cuda``) DeepSpeed picks its own Adam (fused, or DeepSpeedCPUAdam for an offloaded
+    optimizer); on the CPU torch's AdamW, unless the user's file says otherwise: DeepSpeed's CPU
+    Adam JIT-compiles for minutes on first use.
     """
     user: dict[str, Any] = {}
     if isinstance(cfg.deepspeed, dict):
@@ -365,6 +394,7 @@ def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None)
             p = base_dir / p
         user = json.loads(p.read_text())
     zero = dict(user.get("zero_optimization") or {"stage": 1})
+    _check_skips(zero)
     if int(zero.get("stage", 0)) == 3:
         zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
     offload = any(k in zero for k in ("offload_optimizer", "offload_param"))
@@ -379,23 +409,36 @@ def deepspeed_config(cfg: TrainConfig, world: int, base_dir: Path | None = None)
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {
             "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay,
-            # torch's AdamW: no JIT-compiled fused/cpu Adam op (minutes on first use on CPU)
-            "torch_adam": bool(user.get("optimizer", {}).get("params", {}).get("torch_adam", True)),
+            "torch_adam": bool(user.get("optimizer", {}).get("params", {}).get("torch_adam", not cuda)),
             "adam_w_mode": True}},
-        "bf16": {"enabled": cfg.precision == "bf16"},
+        # a non-finite loss skips the step through ZeRO's gradient overflow check (DeepSpeedEngine.step)
+        "bf16": {"enabled": cfg.precision == "bf16", "check_grad_overflow": True},
         "fp16": {"enabled": cfg.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        **({"communication_data_type": "fp32"} if cfg.precision != "fp32" else {}),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     })
-    if offload:
-        out["zero_force_ds_cpu_optimizer"] = False
+    if offload and out["optimizer"]["params"]["torch_adam"]:
+        out["zero_force_ds_cpu_optimizer"] = False  # torch's AdamW on the offloaded states
     return out
+
+
+def _check_skips(zero: dict[str, Any]) -> None:
+    """A non-finite loss must skip its step: under DeepSpeed that is ZeRO's overflow check, which needs
+    a ZeRO stage and the global grad norm; refuse a config that turns either off."""
+    if int(zero.get("stage", 0)) < 1:
+        raise ValueError("train.deepspeed: zero_optimization.stage must be 1, 2 or 3 (stage 0 steps over "
+                         "non-finite gradients); for plain data parallelism use strategy ddp")
+    if zero.get("compute_grad_norm") is False:
+        raise ValueError("train.deepspeed: zero_optimization.compute_grad_norm must stay true: a step with "
+                         "non-finite gradients is skipped by the grad norm check")
 
 
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO 1/2/3 (+ offload). DeepSpeed owns accumulation, clipping and loss scaling."""
 
     name = "deepspeed"
+    checkpoint_format = "deepspeed"
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device, ds_config: dict[str, Any]) -> None:
         import deepspeed
@@ -420,10 +463,22 @@ class DeepSpeedEngine(Engine):
         self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
         self.engine.step()  # only applies the optimizer at the accumulation boundary
 
+    def start_step(self, lr: float) -> None:
+        """DeepSpeed steps inside the last micro-batch's backward: its learning rate is set before."""
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = lr
+
     def step(self, lr: float, skip: bool) -> float:
-        # lr is applied *before* the boundary backward/step by set_lr (see worker); nothing left here
-        # fp16: DeepSpeed's loss scaler skips the step on an overflow (``was_step_applied``)
-        self.overflowed = self.cfg.precision == "fp16" and not skip and not self.engine.was_step_applied()
+        """DeepSpeed has already stepped, or skipped, inside the last backward: a non-finite loss made
+        non-finite gradients (all-reduced: on every rank), and its ZeRO optimizer's overflow check
+        then dropped them without touching the weights, the moments or the step count (fp16: and
+        lowered the loss scale). Here the trainer's verdict and DeepSpeed's are checked to agree."""
+        applied = self.engine.was_step_applied()
+        if skip and applied:
+            raise RuntimeError("DeepSpeed applied a step whose loss was non-finite: its gradient overflow check "
+                               "is off (train.deepspeed: keep bf16.check_grad_overflow and "
+                               "zero_optimization.compute_grad_norm true)")
+        self.overflowed = self.cfg.precision == "fp16" and not skip and not applied
         norm = self.engine.get_global_grad_norm()
         return float("nan") if skip or norm is None else float(norm)
 
@@ -431,10 +486,6 @@ class DeepSpeedEngine(Engine):
         """fp16: the scale of DeepSpeed's fp16 / ZeRO optimizer (its ``loss_scale`` property)."""
         scale = getattr(self.engine.optimizer, "loss_scale", None) if self.cfg.precision == "fp16" else None
         return None if scale is None else float(scale)
-
-    def set_lr(self, lr: float) -> None:
-        for g in self.engine.optimizer.param_groups:
-            g["lr"] = lr
 
     def save(self, path: Path) -> None:
         self.engine.save_checkpoint(str(path / "ds"), tag="state")

@@ -93,8 +93,8 @@ def worker_env(cfg: LaunchConfig, extra: dict[str, str] | None = None) -> dict[s
     if not cuda:
         env.setdefault("DS_ACCELERATOR", "cpu")
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "") if cfg.device == "auto" else ""
-    else:
-        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    elif cfg.deterministic:
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     # DeepSpeed JIT-compiles C++ ops (shm_comm: ~2.5 min on 2 cores) once; keep them across runs
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "llmpipe" / "torch_extensions"))
     env.update(extra or {})

@@ -137,16 +137,24 @@ def count_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# peak dense bf16 FLOP/s of common accelerators, by a substring of the device name
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+# peak dense bf16 FLOP/s (no sparsity) by the exact name torch.cuda.get_device_properties reports: an
+# H100 PCIe is not an SXM part, nor an H200 NVL an H200 SXM. Another name: train.launch.peak_tflops.
+PEAK_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA GH200 480GB": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12, "NVIDIA L40S": 362e12, "NVIDIA A10G": 125e12, "NVIDIA L4": 121e12,
+}
 
 
-def device_peak_flops(device: torch.device) -> float | None:
-    """Peak bf16 FLOP/s of the GPU, or None on CPU (MFU then reports achieved FLOP/s only)."""
+def device_peak_flops(device: torch.device, override_tflops: float | None = None) -> float | None:
+    """Peak dense bf16 FLOP/s of the GPU (``override_tflops``: train.launch.peak_tflops), or None on
+    CPU and for a GPU the table does not name exactly (MFU then reports achieved FLOP/s only)."""
+    if override_tflops is not None:
+        return override_tflops * 1e12
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for k, v in PEAK_FLOPS.items():
-        if k in name:
-            return v
-    return None
+    name = torch.cuda.get_device_properties(device).name
+    if name not in PEAK_FLOPS:
+        log.warning("no peak FLOP/s known for %r: MFU is not reported; set train.launch.peak_tflops", name)
+    return PEAK_FLOPS.get(name)

@@ -138,6 +138,7 @@ class PipelineEngine(Engine):
     whole step's micro-batches go through one schedule call."""
 
     name = "pp"
+    checkpoint_format = "pipeline"
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device, micro_batches: int) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

@@ -86,12 +86,28 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
         raise TrainingError(
             f"train.global_batch_size: must be divisible by micro_batch_size x world size{per} "
             f"({cfg.micro_batch_size} x {world} = {cfg.micro_batch_size * world}), got {cfg.global_batch_size}")
+    if cfg.strategy == "deepspeed":  # before any worker starts: a ZeRO setting that cannot skip a step
+        from llmpipe.training.engines import deepspeed_config
+
+        try:
+            deepspeed_config(cfg, cfg.launch.world_size)
+        except ValueError as e:  # json.JSONDecodeError too
+            raise TrainingError(str(e) if str(e).startswith("train.") else f"train.deepspeed: {e}") from None
+        except OSError as e:
+            raise TrainingError(f"train.deepspeed: cannot read {cfg.deepspeed}: {e.strerror}") from None
     try:
         source = open_packed(data_dir, cfg.split)
     except FileNotFoundError as e:
         raise TrainingError(f"train.split: missing shards: {e}") from None
     if len(source) == 0:
         raise TrainingError(f"train.split: the packed split {cfg.split!r} under {data_dir} is empty")
+    if cfg.eval_every:
+        try:
+            held_out = open_packed(data_dir, cfg.eval_split)
+        except (FileNotFoundError, ValueError) as e:
+            raise TrainingError(f"train.eval_split: no packed split {cfg.eval_split!r} to validate on: {e}") from None
+        if len(held_out) == 0:
+            raise TrainingError(f"train.eval_split: the packed split {cfg.eval_split!r} under {data_dir} is empty")
     if cfg.loss.entity_weight is not None and not getattr(source, "index", {}).get("entity_mask"):
         raise TrainingError("train.loss.entity_weight: the tokenize artifact has no entity mask; set "
                             "tokenize.entity_mask: true (and entities.enabled: true)")
@@ -119,8 +135,10 @@ def plan(cfg: TrainConfig, data_dir: Path, vocab_size: int) -> dict[str, Any]:
         try:
             check_divides(model_config_of(cfg, vocab_size), cfg.parallel.tensor)
             check_layers(model_config_of(cfg, vocab_size), cfg.parallel.pipeline)
-        except ValueError as e:
-            raise TrainingError(str(e)) from None
+        except ValueError as e:  # json.JSONDecodeError too
+            raise TrainingError(str(e) if str(e).startswith("train.") else f"train.deepspeed: {e}") from None
+        except OSError as e:
+            raise TrainingError(f"train.deepspeed: cannot read {cfg.deepspeed}: {e.strerror}") from None
     return {"seq_len": seq_len, "sequences": len(source), "world_size": cfg.launch.world_size,
             "accumulation": cfg.global_batch_size // (cfg.micro_batch_size * world), "vocab_size": vocab_size,
             **({"tensor_parallel": cfg.parallel.tensor} if cfg.parallel.tensor > 1 else {}),
@@ -151,9 +169,13 @@ def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
     steps = [m["step"] for m in metrics if m.get("loss") is not None]
     losses = [m["loss"] for m in metrics if m.get("loss") is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot(steps, losses, marker="." if len(steps) < 50 else None)
+    ax.plot(steps, losses, marker="." if len(steps) < 50 else None, label="training")
+    val = [(m["step"], m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
+    if val:  # train.eval_every: the held-out slice's loss
+        ax.plot(*zip(*val, strict=True), marker="o", label="validation")
+        ax.legend()
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, metadata={"Software": None})  # no library version in the bytes: only the curve
@@ -185,6 +207,8 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
             "vocab_size": vocab, "checkpoint_dir": str(run_dir / "checkpoints"),
             "export_dir": str(run_dir / "export"), "base_dir": str(ctx.pipeline.base_dir()),
             "tokenizer_dir": str(tok_dir)}
+    if cfg.eval_every:
+        spec["token_bytes"] = str(write_token_bytes(tok_dir, vocab, run_dir))
     ctx.log.info("pretrain: %s on %d x %d processes, %d sequences of %d tokens, accumulation %d",
                  cfg.strategy, cfg.launch.nodes, cfg.launch.nproc_per_node, p["sequences"], p["seq_len"],
                  p["accumulation"])
@@ -202,14 +226,37 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     ctx.report_image("pretrain-loss", "Pretraining loss", ctx.out / PRETRAIN.loss_curve)
     last = metrics[-1]
     steady = metrics[len(metrics) // 2:] or metrics
+    evals = [m for m in metrics if "val_loss" in m]
     stats = {**p, **found, **res.summary, "final_loss": last["loss"], "first_loss": metrics[0]["loss"],
+             **({k: evals[-1][k] for k in ("val_loss", "val_bpb") if k in evals[-1]} if evals else {}),
              "tokens": last["tokens"], "seconds": round(res.seconds, 2),
              "tokens_per_s": sum(m["tokens_per_s"] for m in steady) / len(steady),
              "flops_per_s": sum(m["flops_per_s"] for m in steady) / len(steady),
              "step_time_s": sum(m["step_time_s"] for m in steady) / len(steady),
-             "mfu": last.get("mfu"), "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics)}
+             "mfu": _mean_of(steady, "mfu"), "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics)}
     ctx.report_stats("pretrain-summary", "Pretraining summary", list(stats))
     return stats
+
+
+def write_token_bytes(tok_dir: Path, vocab: int, run_dir: Path) -> Path:
+    """The UTF-8 bytes each token id spells (0: special tokens, ids past the tokenizer's), for the
+    trainer's validation bits per byte: the evaluate stage's own table."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from llmpipe.evaluation.metrics import token_byte_lengths
+
+    lengths = token_byte_lengths(AutoTokenizer.from_pretrained(tok_dir))[:vocab]
+    out = run_dir / "token_bytes.npy"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out, np.pad(lengths, (0, vocab - len(lengths))))
+    return out
+
+
+def _mean_of(records: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over the records that have it (MFU: None where the device's peak is unknown)."""
+    values = [r[key] for r in records if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def choose_lr(ctx: StageContext, data_dir: Path, seq_len: int, vocab: int, run_dir: Path,

@@ -10,10 +10,18 @@ The field guides' table, made concrete with a memory estimate per device:
 
 The estimate (bytes per device) follows the ZeRO paper's accounting of mixed-precision Adam:
 16-bit weights and gradients (2 + 2 bytes per parameter) plus fp32 master weights, momentum and
-variance (12 bytes), or 4 + 4 + 8 in fp32; activations per micro-batch follow Korthikanti et al.
-(2022): ``s·b·h·(34 + 5·a·s/h)`` bytes per layer in 16-bit, only the layer inputs with activation
-checkpointing. The planner is a pure function: ``choose`` is tested on the table's rows (125M, 13B,
-175B on 8 x 80 GB) without any device.
+variance (12 bytes), or 4 + 4 + 8 in fp32. Activations are what the forward pass keeps for the
+backward pass of one micro-batch, counted per token of a Llama decoder layer (hidden h, key/value
+width kv, MLP width i, a heads, sequence s): ``4·(8h + 2kv + 4i)`` bytes in fp32 and
+``34h + 8kv + 14i`` under bf16/fp16 autocast (the residual stream and the RMSNorms stay fp32),
+plus the attention scores only where the attention materialises them (``eager``: ``4·a·s`` or
+``6·a·s`` bytes; SDPA and flash attention keep none: Korthikanti et al.'s ``5·a·s/h`` term does
+not apply to them), plus the head (the logits, ``4·V`` or ``2·V`` bytes: the trainer's chunked
+cross-entropy keeps no fp32 log-softmax of the whole vocabulary; and about ``12h``). With activation checkpointing each layer keeps its fp32 input (``4h``) and one layer
+is recomputed at a time. The coefficients are counted, not guessed:
+``tests/unit/training/test_training_strategy.py`` measures every tensor autograd saves for
+backward of tiny models on the CPU and holds the estimate to 20% of it. The planner is a pure
+function: ``choose`` is tested on the table's rows (125M, 13B, 175B on 8 x 80 GB) without any device.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ class ModelShape:
     layers: int
     hidden: int
     heads: int
+    kv_width: int = 0  # keys' (and values') width per token: 0 = hidden (no grouped-query attention)
+    intermediate: int = 0  # the MLP's width: 0 = 4 x hidden
+    vocab: int = 0
 
     @classmethod
     def of_llama(cls, config: Any) -> ModelShape:
@@ -57,7 +68,8 @@ class ModelShape:
         kv = config.num_key_value_heads * (h // config.num_attention_heads)
         per_layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h  # q, o; k, v; gate, up, down; norms
         embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-        return cls(layers * per_layer + embeddings + h, layers, h, config.num_attention_heads)
+        return cls(layers * per_layer + embeddings + h, layers, h, config.num_attention_heads, kv, inter,
+                   config.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -107,21 +119,27 @@ def state_bytes(parameters: int, precision: str) -> tuple[int, int, int]:
 
 
 def activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, precision: str,
-                     checkpointing: bool) -> int:
-    """Activations kept for the backward pass of one micro-batch on one device (no tensor parallel)."""
-    s, b, h = seq_len, micro_batch, shape.hidden
-    width = 2 if precision == "fp32" else 1  # the formula counts 16-bit values
-    if checkpointing:
-        return shape.layers * s * b * h * 2 * width  # each layer's input; one layer recomputed at a time
-    return int(shape.layers * s * b * h * (34 + 5 * shape.heads * s / h) * width)
+                     checkpointing: bool, attention: str = "sdpa") -> int:
+    """Bytes one micro-batch keeps for its backward pass on one device (no tensor parallel), for the
+    attention implementation that runs (see the module docstring for the counts)."""
+    s, h, a = seq_len, shape.hidden, shape.heads
+    kv, inter = shape.kv_width or h, shape.intermediate or 4 * h
+    if precision == "fp32":
+        layer, scores, head = 4 * (8 * h + 2 * kv + 4 * inter), 4 * a * s, 4 * shape.vocab + 12 * h
+    else:
+        layer, scores, head = 34 * h + 8 * kv + 14 * inter, 6 * a * s, 2 * shape.vocab + 12 * h
+    if attention == "eager":  # the softmax's probabilities, a x s per token: the s^2 term
+        layer += scores
+    kept = shape.layers * 4 * h + layer if checkpointing else shape.layers * layer
+    return (kept + head) * s * micro_batch
 
 
 def choose(shape: ModelShape, devices: Devices, *, seq_len: int, micro_batch: int,
-           precision: str = "bf16", checkpointing: bool = False) -> Plan:
+           precision: str = "bf16", checkpointing: bool = False, attention: str = "sdpa") -> Plan:
     """The table's answer for this model on these devices, with the memory estimate behind it."""
     budget = HEADROOM * devices.memory
     weights, grads, optim = state_bytes(shape.parameters, precision)
-    act = activation_bytes(shape, seq_len, micro_batch, precision, checkpointing)
+    act = activation_bytes(shape, seq_len, micro_batch, precision, checkpointing, attention)
     n = devices.count
 
     if shape.parameters < 10e9:
@@ -140,6 +158,20 @@ def choose(shape: ModelShape, devices: Devices, *, seq_len: int, micro_batch: in
                                "10B-100B parameters, ZeRO-2 does not fit: tensor x pipeline parallel")
     return _model_parallel(shape, devices, budget, (weights, grads, optim), act, 2,
                            "over 100B parameters: 3D parallelism (tensor x pipeline x data)")
+
+
+def estimate(shape: ModelShape, devices: Devices, strategy: str, *, seq_len: int, micro_batch: int,
+             precision: str = "bf16", checkpointing: bool = False, attention: str = "sdpa",
+             zero_stage: int | None = None) -> Memory:
+    """Bytes per device of a data-parallel strategy a config names (``choose`` picks one itself):
+    DDP a whole replica, FSDP2 (and ZeRO-3) every state sharded, ZeRO-1 the optimizer, ZeRO-2 the
+    optimizer and gradients. What a measured peak is held against (``benchmarks/gpu``)."""
+    weights, grads, optim = state_bytes(shape.parameters, precision)
+    act = activation_bytes(shape, seq_len, micro_batch, precision, checkpointing, attention)
+    n = devices.count
+    sharded = {"ddp": 0, "fsdp2": 3, "deepspeed": zero_stage or 1}[strategy]
+    return Memory(weights // n if sharded >= 3 else weights, grads // n if sharded >= 2 else grads,
+                  optim // n if sharded >= 1 else optim, act)
 
 
 def _model_parallel(shape: ModelShape, devices: Devices, budget: float, state: tuple[int, int, int],
@@ -185,6 +217,12 @@ def job_devices(launch: Any) -> Devices:
     return Devices(count, per_node, psutil.virtual_memory().total // per_node, "cpu")
 
 
+def _device(kind: str) -> Any:
+    import torch
+
+    return torch.device(kind)
+
+
 def resolve(cfg: Any, model_config: Any, seq_len: int, log: Any) -> tuple[Any, dict[str, Any]]:
     """``train.strategy: auto`` made concrete: (the config with the chosen strategy, facts for the stats).
 
@@ -197,10 +235,13 @@ def resolve(cfg: Any, model_config: Any, seq_len: int, log: Any) -> tuple[Any, d
     """
     if cfg.strategy != "auto":
         return cfg, {}
+    from llmpipe.training.model import choose_attention
+
     devices = job_devices(cfg.launch)
+    attention = choose_attention(cfg.model.attention, _device(devices.kind))
     plan = choose(ModelShape.of_llama(model_config), devices, seq_len=seq_len,
                   micro_batch=cfg.micro_batch_size, precision=cfg.precision,
-                  checkpointing=cfg.gradient_checkpointing)
+                  checkpointing=cfg.gradient_checkpointing, attention=attention)
     log.info("train.strategy auto: %s", plan.describe())
     if not plan.fits:
         log.warning("train.strategy auto: the estimate does not fit in %.0f GiB per device; trying anyway",

@@ -37,13 +37,18 @@ log = logging.getLogger("llmpipe.training.trainer")
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup to ``optimizer.lr``, then cosine (optionally with warm restarts) down to
-    ``schedule.min_lr_ratio * lr``; ``cfg`` is the ``train:`` section (the cosine spans ``max_steps``)."""
+    ``schedule.min_lr_ratio * lr``, or warmup-stable-decay (``wsd``: linear to the floor over the last
+    ``cfg.wsd_decay_steps``); ``cfg`` is the ``train:`` section (the cosine spans ``max_steps``)."""
     sched = cfg.schedule
     base, floor = cfg.optimizer.lr, cfg.optimizer.lr * sched.min_lr_ratio
     if step < sched.warmup_steps:
         return base * (step + 1) / sched.warmup_steps
     if sched.kind == "constant":
         return base
+    if sched.kind == "wsd":
+        decay = cfg.wsd_decay_steps
+        into = step - (cfg.max_steps - decay)
+        return base if into < 0 else base - (base - floor) * (into + 1) / decay
     t = step - sched.warmup_steps
     total = max(1, cfg.max_steps - sched.warmup_steps)
     if sched.kind == "cosine_restarts":
@@ -88,7 +93,9 @@ class Trainer:
         threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        if self.world > 1 and not dist.is_initialized():
+        # FSDP2 shards over a process group even of one rank (a one-GPU run of an FSDP2 preset)
+        one_rank_fsdp2 = self.cfg.strategy == "fsdp2" and "MASTER_ADDR" in os.environ
+        if (self.world > 1 or one_rank_fsdp2) and not dist.is_initialized():
             backend = "nccl" if want_cuda else "gloo"
             if self.cfg.strategy == "deepspeed":
                 import deepspeed
@@ -101,8 +108,8 @@ class Trainer:
             else:
                 dist.init_process_group(backend=backend)
         self.dist = dist if dist.is_initialized() else None
-        if want_cuda and self.cfg.strategy != "deepspeed":
-            # CPU kernels used here are deterministic already; the flag makes DeepSpeed ~100x slower
+        if want_cuda and self.cfg.launch.deterministic:
+            # CPU kernels used here are deterministic already; on the GPU it costs speed (and DeepSpeed ~100x)
             torch.use_deterministic_algorithms(True, warn_only=True)
 
     # -- collectives that degrade to no-ops in a single process ------------------------------------
@@ -130,6 +137,7 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------------------------
     def setup(self) -> None:
+        import numpy as np
         import torch
 
         from llmpipe.training.data import GlobalOrder, open_packed
@@ -156,7 +164,7 @@ class Trainer:
                      "device=%s",
                      f"{sum(p.numel() for p in model.parameters()):,}", attn, cfg.strategy, self.world,
                      cfg.parallel.tensor, cfg.parallel.pipeline, self.order.accum, self.device)
-        ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", "."))) \
+        ds = deepspeed_config(cfg, self.world, Path(self.spec.get("base_dir", ".")), self.device.type == "cuda") \
             if cfg.strategy == "deepspeed" else None
         if cfg.parallel.pipeline > 1:  # its own step (pipeline_step): the schedule owns the micro-batches
             from llmpipe.training.pipeline import PipelineEngine
@@ -165,16 +173,26 @@ class Trainer:
         else:
             self.engine = make_engine(model, cfg, self.device, ds)
         self.fpt = flops_per_token(self.model_config, self.seq_len)
-        self.peak = device_peak_flops(self.device)
+        self.peak = device_peak_flops(self.device, cfg.launch.peak_tflops)
         self.step = 0
         self.nonfinite_total = self.nonfinite_streak = self.spikes = 0
         self.overflow_total = self.overflow_streak = 0  # fp16: steps the loss scaler skipped (overflow)
         self.last_loss_scale: float | None = None
         self.loss_ema: float | None = None
         self.loader: Any = None  # the prefetching batch loader while ``run`` trains
+        if cfg.eval_every:
+            self.eval_source = open_packed(self.spec["data_dir"], cfg.eval_split)
+            table = self.spec.get("token_bytes")  # UTF-8 bytes per token id (the stage writes it)
+            self.token_bytes = torch.as_tensor(np.load(table), device=self.device) if table else None
         torch.manual_seed(cfg.seed + self.dp_rank)  # one stream per replica: a tensor group draws alike
 
     # -- checkpoints ---------------------------------------------------------------------------------
+    def layout(self) -> Any:
+        """How this run writes its checkpoints (``resume.py``)."""
+        from llmpipe.training.resume import CheckpointLayout
+
+        return CheckpointLayout.of(self.engine, self.cfg, self.world)
+
     def latest_checkpoint(self) -> Path | None:
         done = sorted(p for p in self.ckpt_root.glob("step_*") if (p / "state.json").exists())
         return done[-1] if done else None
@@ -199,7 +217,8 @@ class Trainer:
             state = {"step": self.step, "samples": self.step * self.cfg.global_batch_size,
                      "nonfinite_total": self.nonfinite_total, "nonfinite_streak": self.nonfinite_streak,
                      "spikes": self.spikes, "loss_ema": self.loss_ema, "world": self.world,
-                     "overflow_total": self.overflow_total, "overflow_streak": self.overflow_streak}
+                     "overflow_total": self.overflow_total, "overflow_streak": self.overflow_streak,
+                     "layout": self.layout().to_json()}  # what a resume checks before it loads
             (tmp / "state.json").write_text(json.dumps(state))  # written last: marks it complete
             shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
@@ -213,7 +232,14 @@ class Trainer:
         import numpy as np
         import torch
 
+        from llmpipe.training.resume import CheckpointLayout, check
+
         state = json.loads((path / "state.json").read_text())
+        saved = CheckpointLayout.read(state, path)
+        if check(saved, self.layout(), f"{self.ckpt_root.name}/{path.name}") and self.rank == 0:
+            log.info("resharding %s through DCP: written by %s on %d ranks (tensor %d), read by %s on %d "
+                     "(tensor %d)", path.name, saved.engine, saved.world, saved.tensor, self.engine.name,
+                     self.world, self.cfg.parallel.tensor)
         self.engine.load(path)
         rng_file = path / f"rng_rank{self.rank}.pt"
         if rng_file.exists():
@@ -261,39 +287,26 @@ class Trainer:
         return BatchLoader(self.step_batches, self.device, self.step, self.step + 1, depth=0).get(self.step)
 
     def train_step(self) -> dict[str, Any]:
-        import torch
-
-        from llmpipe.training.engines import surrogate_loss
-
         eng = self.engine
         if hasattr(eng, "train_batch"):
             return self.pipeline_step()
         t0 = time.perf_counter()
         lr = self.learning_rate(self.step)
         micro, data_s = self.next_batches()
-        # DeepSpeed applies the optimizer inside the last backward: it must know before then whether
-        # the step is skipped, so it checks each micro-batch (a host sync each). The other engines
-        # backward every loss and decide once per step: a non-finite micro-batch only spoils the
-        # gradients of a step that is skipped (its gradients dropped) anyway.
-        per_micro = hasattr(eng, "set_lr")
+        # Every engine backpropagates every micro-batch's loss as it is and decides once per step: a
+        # non-finite loss only spoils the gradients of a step that is skipped whole. DeepSpeed applies
+        # its optimizer inside the last backward, so it gets the learning rate first and skips a step
+        # with non-finite gradients itself (its overflow check, ``was_step_applied``).
+        eng.start_step(lr)
         loss_sum: Any = None
-        bad_step = False
         for a, (ids, targets, entity) in enumerate(micro):
-            last = a == len(micro) - 1
-            with eng.sync_context(last):
-                loss, logits = self.forward(ids, targets, entity)
-                bad = False
-                if per_micro:
-                    bad = self._any(not bool(torch.isfinite(loss.detach())))
-                    bad_step = bad_step or bad
-                    if last:
-                        eng.set_lr(0.0 if bad_step else lr)
-                eng.backward(surrogate_loss(logits) if bad else loss, self.order.accum)
+            with eng.sync_context(a == len(micro) - 1):
+                loss, _ = self.forward(ids, targets, entity)
+                eng.backward(loss, self.order.accum)
             value = loss.detach().double()  # summed in order on the device, as Python sums floats
             loss_sum = value if loss_sum is None else loss_sum + value
         total = float(loss_sum)  # the one host sync of the step's losses
-        if not per_micro:
-            bad_step = self._any(not math.isfinite(total))
+        bad_step = self._any(not math.isfinite(total))
         grad_norm = eng.step(lr, skip=bad_step)
         loss_mean = float("nan") if bad_step else self._mean(total / len(micro))
         dt = time.perf_counter() - t0
@@ -314,6 +327,40 @@ class Trainer:
         rec = self._account(float("nan") if bad else loss, lr, grad_norm, bad, dt)
         rec.update(data_wait_s=data_s, data_wait_share=data_s / dt)
         return rec
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (nats per token) and bits per byte on the fixed held-out slice: the first
+        ``eval_sequences`` of ``eval_split``, each replica scoring its share in micro-batches, summed
+        over the replicas (a collective: every rank calls it). No gradients, no optimizer, no RNG:
+        the training that follows is the same as without it."""
+        import torch
+
+        from llmpipe.training.data import batch
+
+        mb, dp, n = self.cfg.micro_batch_size, self.dp_world, len(self.eval_source)
+        batches = max(1, min(self.cfg.eval_sequences, n) // (mb * dp))
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # nll, targets, bytes
+        with torch.no_grad():
+            for k in range(batches):
+                idx = [((k * dp + self.dp_rank) * mb + j) % n for j in range(mb)]
+                ids, targets = (t.to(self.device) for t in batch(self.eval_source, idx, self.seq_len))
+                _, logits = self.engine.forward(ids, targets)
+                flat = targets.reshape(-1)
+                keep = flat != -100
+                nll = torch.nn.functional.cross_entropy(logits.float().reshape(flat.numel(), -1), flat,
+                                                        ignore_index=-100, reduction="none")
+                sums[0] += nll[keep].double().sum()
+                sums[1] += keep.sum()
+                if self.token_bytes is not None:
+                    sums[2] += self.token_bytes[flat[keep]].sum()
+        if self.dist is not None:
+            self.dist.all_reduce(sums)  # the ranks of one replica (tensor parallel) scored the same batches
+            sums /= self.cfg.model_parallel
+        nll, count, size = (float(x) for x in sums)
+        out = {"val_loss": nll / count}
+        if self.token_bytes is not None and size > 0:
+            out["val_bpb"] = nll / (math.log(2) * size)
+        return out
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of ``step``: the configured schedule (the LR finder sweeps its own)."""
@@ -427,6 +474,8 @@ class Trainer:
         while self.step < cfg.max_steps:
             with watch.step(self.step):
                 rec = self.train_step()
+            if cfg.eval_every and (rec["step"] % cfg.eval_every == 0 or rec["step"] == cfg.max_steps):
+                rec.update(self.evaluate())
             rec["memory_mb"] = watch.after_step(rec)
             self.step += 1
             if self.rank == 0:
@@ -434,9 +483,10 @@ class Trainer:
                     f.write(json.dumps(rec) + "\n")
                 if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                     print(METRIC_PREFIX + json.dumps(rec), flush=True)
-                    log.info("step %d/%d loss %.4f lr %.2e gnorm %.3f tok/s %.0f data-wait %.0f%%", self.step,
+                    log.info("step %d/%d loss %.4f lr %.2e gnorm %.3f tok/s %.0f data-wait %.0f%%%s", self.step,
                              cfg.max_steps, rec["loss"], rec["lr"], rec["grad_norm"], rec["tokens_per_s"],
-                             100 * rec["data_wait_share"])
+                             100 * rec["data_wait_share"],
+                             f" val loss {rec['val_loss']:.4f}" if "val_loss" in rec else "")
             every = cfg.checkpoint.every
             if every and self.step % every == 0 and self.step < cfg.max_steps:
                 self.save_checkpoint()

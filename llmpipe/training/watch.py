@@ -119,7 +119,8 @@ class RunWatch:
         if warning is not None:
             log.warning("step %d: %s\n%s", rec["step"], warning, memory_report(self.device))
         if self.writer is not None:
-            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "data_wait_share", "mfu", "loss_scale"):
+            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "data_wait_share", "mfu", "loss_scale",
+                         "val_loss", "val_bpb"):
                 value = rec.get(name)
                 if isinstance(value, (int, float)) and value == value:  # not None, not NaN
                     self.writer.add_scalar(f"train/{name}", value, rec["step"])
