@@ -96,3 +96,94 @@ def bpb_ratio(model_bpb: float, unigram_bpb: float) -> float | None:
     if not unigram_bpb or unigram_bpb != unigram_bpb or model_bpb != model_bpb:
         return None
     return model_bpb / unigram_bpb
+
+
+# -- the n-gram baseline ---------------------------------------------------------------------------------
+def train_documents(tokenize_dir: str | Path, split: str = "train", max_tokens: int | None = None
+                    ) -> list[np.ndarray]:
+    """Documents of ``split`` (every ``step``-th one, so about ``max_tokens`` tokens spread over the
+    whole split): what the n-gram baseline is estimated from."""
+    from llmpipe.evaluation.documents import iter_documents
+
+    index = json.loads((Path(tokenize_dir) / TOKENIZE.index).read_text())
+    total = int(index["splits"].get(split, {}).get("tokens", 0))
+    step = max(1, -(-total // max_tokens)) if max_tokens else 1
+    return [d for i, d in enumerate(iter_documents(tokenize_dir, split)) if i % step == 0]
+
+
+class KneserNey:
+    """Interpolated Kneser-Ney over token ids, estimated by the coherence stage's estimator
+    (:func:`llmpipe.curation.arpa.kneser_ney`: one absolute discount per order, continuation counts
+    below the top order, the unigrams interpolated with a uniform distribution).
+
+    A document is a sentence: its BOS and EOS ids are the model's ``<s>`` and ``</s>``. An id never
+    seen in training gets ``<unk>``'s probability shared evenly among all unseen ids of the
+    vocabulary, so the model is a distribution over the same ids as the softmax and the unigram.
+    """
+
+    def __init__(self, docs: Sequence[np.ndarray], order: int, vocab: int, eos_id: int, bos_id: int | None,
+                 discount: float = 0.75) -> None:
+        from llmpipe.curation.arpa import kneser_ney
+
+        specials = {eos_id} | ({bos_id} if bos_id is not None else set())
+        sents = ([str(t) for t in d.tolist() if t not in specials] for d in docs)
+        prob, backoff = kneser_ney(sents, order, discount)
+        self.order, self.eos_id, self.bos_id, self.discount = order, eos_id, bos_id, discount
+        self.logp = {g: np.log(p) for n in range(1, order + 1) for g, p in prob[n].items() if p > 0}
+        self.logb = {g: np.log(b) for n in range(1, order) for g, b in backoff[n].items() if b > 0}
+        seen = sum(1 for g in prob[1] if g[0] not in ("<unk>", "</s>"))
+        self.unseen = max(1, vocab - seen - len(specials))
+
+    def word(self, history: Sequence[str], w: str) -> float:
+        """Natural-log ``p(w | history)`` by the backoff rule (longest known context first)."""
+        extra = 0.0
+        if (w,) not in self.logp:
+            w, extra = "<unk>", -float(np.log(self.unseen))
+        ctx = tuple(history[-(self.order - 1):]) if self.order > 1 else ()
+        for start in range(len(ctx) + 1):
+            gram = (*ctx[start:], w)
+            if gram in self.logp:
+                return self.logp[gram] + sum(self.logb.get(ctx[s:], 0.0) for s in range(start)) + extra
+        raise AssertionError("unreachable: every word has a unigram")
+
+    def target_nll(self, ids: np.ndarray) -> np.ndarray:
+        """NLL (nats) of ``ids[1:]``, each given the ids before it in ``ids`` back to the last document
+        start (BOS or after EOS, read as ``<s>``); a BOS target right after EOS costs nothing."""
+        out = np.zeros(max(0, len(ids) - 1))
+        hist: list[str] = []
+        for p, t in enumerate(ids.tolist()):
+            if p:
+                if t == self.bos_id:
+                    out[p - 1] = 0.0
+                else:
+                    out[p - 1] = -self.word(hist, "</s>" if t == self.eos_id else str(t))
+            if t == self.eos_id or t == self.bos_id:
+                hist = ["<s>"]
+            else:
+                hist.append(str(t))
+                del hist[: max(0, len(hist) - self.order)]
+        return out
+
+    def scorer(self, pad_id: int | None, byte_len: np.ndarray) -> Scorer:
+        """A scorer for :func:`tally_sequences` (accuracy is not computed: ``correct`` is all False)."""
+        def score(batch: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+            out = []
+            for s in batch:
+                ids = np.asarray(s, dtype=np.int64)
+                valid = np.ones(len(ids), dtype=bool) if pad_id is None else ids != pad_id
+                out.append({"nll": self.target_nll(ids), "correct": np.zeros(len(ids) - 1, dtype=bool),
+                            "bytes": byte_len[ids[1:]], "scored": valid[1:] & valid[:-1]})
+            return out
+
+        return score
+
+
+def kn_metrics(sequences: Sequence[EvalSequence], model: KneserNey, pad_id: int | None, byte_len: np.ndarray,
+               language_names: Sequence[str] = ()) -> dict[str, Any]:
+    """Overall and per-language bits per byte of the KN model on ``sequences`` (the unigram's targets)."""
+    res = tally_sequences(sequences, model.scorer(pad_id, byte_len), batch_size=64, language_names=language_names)
+    for m in (res["overall"], *res["per_language"].values()):
+        m.pop("accuracy", None)
+    res["smoothing"] = f"interpolated Kneser-Ney, order {model.order}, discount {model.discount:g}"
+    res["order"] = model.order
+    return res

@@ -72,6 +72,14 @@ class EvaluateConfig(Section):
                                description="greedy generations shown in the report")
     max_new_tokens: int = Field(32, gt=0, le=4096)
     tasks: list[TaskConfig] = Field(default_factory=list)
+    documents: int = Field(16, ge=0, description="whole held-out documents scored in rolling windows "
+                           "(document-level bits per byte; evenly spaced over the split); 0: none")
+    doc_window: int | None = Field(None, ge=2, description="tokens per rolling window (None: the model's maximum)")
+    doc_stride: int | None = Field(None, ge=1, description="new tokens each later window predicts (None: "
+                                   "window - 1, the harness's disjoint windows); smaller: more context, more cost")
+    kn_order: int = Field(3, ge=1, le=6, description="order of the interpolated Kneser-Ney baseline over token ids")
+    kn_max_train_tokens: int | None = Field(2_000_000, gt=0, description="train tokens the KN baseline is "
+                                            "estimated from (evenly spaced documents); None: all")
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     batch_size: int = run_setting(8, gt=0, description="sequences per forward pass")
     device: Literal["auto", "cpu", "cuda"] = run_setting("auto")

@@ -2,7 +2,9 @@
 
 Writes ``results.json`` (metrics, the data and settings they were computed with, the model's size,
 and under ``baseline`` a unigram model of the train split scored on the same bytes, with the ratio of
-the two bits per byte: see :mod:`llmpipe.evaluation.baseline`) and a markdown regression table. How long it took (scoring, generation tokens/s) goes to the
+the two bits per byte, under ``kn_baseline`` an interpolated Kneser-Ney model of the same text: see
+:mod:`llmpipe.evaluation.baseline`; ``metrics["documents"]``: bits per byte over whole held-out
+documents in rolling windows, :mod:`llmpipe.evaluation.documents`) and a markdown regression table. How long it took (scoring, generation tokens/s) goes to the
 manifest's stats only, so the same key always gives the same ``results.json``. The quantize stage reads ``results.json`` as the baseline of its
 quality gate and re-runs :func:`evaluate_model` with the settings recorded here, so the fp and the
 quantized numbers always come from the same data and the same code.
@@ -27,8 +29,9 @@ if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when
 # 3: results.json gains "baseline" (the unigram model); 4: the previous-model report moves to stats;
 # 5: with an entity mask in the tokenize artifact, metrics (and the baseline's) gain "entities";
 # 6: metrics gain "harness" (lm-evaluation-harness tasks, their standard errors and config), and
-# evaluate.tasks' multiple-choice files are scored there (metrics["tasks"] is gone)
-VERSION = "6"
+# evaluate.tasks' multiple-choice files are scored there (metrics["tasks"] is gone); 7: metrics gain
+# "documents" (whole held-out documents in rolling windows) and results.json "kn_baseline"
+VERSION = "7"
 
 
 RESULTS = EVALUATE.results
@@ -49,6 +52,17 @@ def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch
     metrics = evaluate_model(model, tok, seqs, batch_size=cfg.batch_size, prompts=cfg.prompts,
                              max_new_tokens=cfg.max_new_tokens, byte_len=byte_len,
                              language_names=names)
+    docs: list[Any] = []
+    if cfg.documents:  # document-level: whole held-out documents in rolling windows
+        from llmpipe.evaluation.documents import document_metrics, held_out_documents, model_window
+
+        t0 = time.perf_counter()
+        docs, n_docs = held_out_documents(tokenize_dir, cfg.split, cfg.documents)
+        metrics["documents"] = document_metrics(
+            model, docs, byte_len, cfg.doc_window or model_window(model, tok), int(tok.eos_token_id),
+            tok.bos_token_id, cfg.doc_stride, cfg.batch_size)
+        metrics["documents"]["documents_total"] = n_docs
+        metrics.setdefault("timings", {})["documents_seconds"] = round(time.perf_counter() - t0, 3)
     if cfg.harness.tasks or cfg.tasks:  # last: harness.dtype may cast the model in place
         from llmpipe.evaluation.harness import run_harness
 
@@ -61,6 +75,34 @@ def run_suite(ckpt: Path, tokenize_dir: Path, cfg: EvaluateConfig, device: torch
                      "parameters": sum(p.numel() for p in model.parameters()), "device": str(device)}}
     if baseline:
         res["baseline"] = unigram_baseline(tokenize_dir, seqs, names, tok.pad_token_id, byte_len, metrics)
+        res["kn_baseline"] = kn_baseline(tokenize_dir, cfg, seqs, names, docs, tok, byte_len, metrics)
+    return res
+
+
+def kn_baseline(tokenize_dir: Path, cfg: EvaluateConfig, seqs: list[Any], names: list[str], docs: list[Any],
+                tok: Any, byte_len: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The interpolated Kneser-Ney model of the train split on the unigram's targets (packed windows)
+    and on the same whole documents as the model, with the model's bpb over it on each."""
+    import numpy as np
+
+    from llmpipe.evaluation.baseline import KneserNey, bpb_ratio, kn_metrics, train_documents
+    from llmpipe.evaluation.metrics import LN2
+
+    train = train_documents(tokenize_dir, "train", cfg.kn_max_train_tokens)
+    eos, bos = int(tok.eos_token_id), tok.bos_token_id
+    kn = KneserNey(train, cfg.kn_order, len(byte_len), eos, bos)
+    res = {"kind": "kneser-ney", "split": "train", "train_tokens": int(sum(len(d) for d in train)),
+           **kn_metrics(seqs, kn, tok.pad_token_id, byte_len, names)}
+    res["bits_per_byte_ratio"] = bpb_ratio(metrics["overall"]["bits_per_byte"], res["overall"]["bits_per_byte"])
+    if "documents" in metrics:
+        nll = nbytes = 0.0
+        for d in docs:
+            ids = d if bos is not None and len(d) and d[0] == bos else np.concatenate([[eos], d])
+            nll += float(kn.target_nll(ids).sum())
+            nbytes += int(byte_len[ids[1:]].sum())
+        bpb = nll / (LN2 * nbytes) if nbytes else float("nan")
+        res["documents"] = {"bits_per_byte": bpb, "bytes": int(nbytes),
+                            "bits_per_byte_ratio": bpb_ratio(metrics["documents"]["bits_per_byte"], bpb)}
     return res
 
 
@@ -123,8 +165,8 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
 @stage("evaluate", version=VERSION, inputs=("pretrain", "tokenize"), config_field="evaluate", flow="pretrain",
        requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate)), extra="train")
 def run_evaluate(ctx: StageContext) -> dict[str, Any]:
-    """Perplexity, bits per byte and accuracy on held-out data beside a unigram baseline; greedy samples;
-    regression table."""
+    """Perplexity, bits per byte and accuracy on held-out data (packed windows and whole documents)
+    beside unigram and Kneser-Ney baselines; greedy samples; regression table."""
     from llmpipe.evaluation.model_io import find_checkpoint, resolve_device
 
     cfg: EvaluateConfig = ctx.config
@@ -144,20 +186,27 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
     base, prev_base = res["baseline"], prev and prev.get("baseline")  # an older results.json may have none
     # the previous model is whatever this store evaluated last: that comparison is no part of this
     # key's content, so it lives in the stats and the artifact's own table holds this model's numbers
-    ctx.report_from_stats("markdown", "evaluation", "Evaluation vs unigram baseline and previous model",
+    ctx.report_from_stats("markdown", "evaluation", "Evaluation vs unigram and Kneser-Ney baselines and previous model",
                           "report_vs_previous")
-    ctx.report_table("evaluation-metrics", "Evaluation metrics (this model and the unigram baseline)",
-                     metric_rows(res["metrics"], None, base, None))
+    kn, prev_kn = res["kn_baseline"], prev and prev.get("kn_baseline")
+    ctx.report_table("evaluation-metrics", "Evaluation metrics (this model, the unigram and Kneser-Ney baselines)",
+                     metric_rows(res["metrics"], None, base, None, kn, None))
     o = res["metrics"]["overall"]
     ctx.log.info("evaluate: ppl %.4g, bpb %.4g (unigram %.4g, ratio %.3f), acc %.4g on %d tokens (%s)",
                  o["perplexity"], o["bits_per_byte"], base["overall"]["bits_per_byte"],
                  base["bits_per_byte_ratio"] or float("nan"), o["accuracy"], o["tokens"], device)
     ctx.report_stats("evaluation-speed", "Evaluation speed", list(timings))
     # first the figures a stage table shows (it takes the first few): the model's bpb beside the unigram's
+    docs = res["metrics"].get("documents") or {}
     stats = {"bits_per_byte": o["bits_per_byte"], "unigram_bits_per_byte": _finite(base["overall"]["bits_per_byte"]),
-             "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"]), **summary(res["metrics"])}
+             "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"]),
+             "kn_bits_per_byte": _finite(kn["overall"]["bits_per_byte"]),
+             "bits_per_byte_vs_kn": _finite(kn["bits_per_byte_ratio"]),
+             "document_bits_per_byte": _finite(docs.get("bits_per_byte")),
+             "document_bits_per_byte_vs_kn": _finite((kn.get("documents") or {}).get("bits_per_byte_ratio")),
+             **summary(res["metrics"])}
     stats["report_vs_previous"] = regression_markdown(res["metrics"], prev and prev["metrics"], prev_key,
-                                                      same_data, base, prev_base)
+                                                      same_data, base, prev_base, kn, prev_kn)
     stats.update({"previous_key": prev_key, "device": str(device),
                   "unigram_bits_per_byte": _finite(base["overall"]["bits_per_byte"]),
                   "bits_per_byte_vs_unigram": _finite(base["bits_per_byte_ratio"])})

@@ -1,0 +1,125 @@
+"""Document-level bits per byte (rolling windows over whole held-out documents) and the Kneser-Ney
+baseline: by-hand values, every token once, KN beats the unigram, the stage key moves with the keys."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from llmpipe.evaluation.documents import document_metrics, rolling_windows, split_documents
+
+CPU = torch.device("cpu")
+
+
+class Recorder(torch.nn.Module):
+    """A fixed next-token distribution (``log_probs``) that records the inputs it was run on and
+    refuses inputs longer than its window, like a model with learned positions."""
+
+    def __init__(self, log_probs: np.ndarray, window: int) -> None:
+        super().__init__()
+        self.lp = torch.nn.Parameter(torch.tensor(log_probs, dtype=torch.float32))
+        self.window, self.seen = window, []
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):  # noqa: ANN201
+        assert input_ids.shape[1] <= self.window
+        self.seen += [r[m.bool()].tolist() for r, m in zip(input_ids, attention_mask, strict=True)]
+        return type("Out", (), {"logits": self.lp.expand(*input_ids.shape, -1)})()
+
+
+def test_rolling_windows_score_every_target_once_with_left_context() -> None:
+    for n, w, s in [(2, 4, None), (4, 4, None), (5, 4, None), (23, 4, None), (23, 8, 2), (50, 16, 1)]:
+        wins = rolling_windows(n, w, s)
+        targets = [p for start, stop, k in wins for p in range(stop - k + 1, stop + 1)]
+        assert targets == list(range(1, n))  # each once, in order
+        for start, stop, _k in wins:
+            assert stop + 1 - start <= w  # the model never reads more than its window
+            assert start == max(0, stop + 1 - w)  # as much left context as the window allows
+    with pytest.raises(ValueError, match="doc_stride"):
+        rolling_windows(10, 4, 4)
+
+
+def test_short_document_by_hand_and_long_document_through_several_windows() -> None:
+    eos = 0
+    lp = np.log(np.array([0.1, 0.2, 0.3, 0.25, 0.15]))
+    byte_len = np.array([0, 1, 2, 3, 1])
+    short = np.array([2, 3, 1, eos])  # fits in one window: prefix EOS + 4 targets
+    model = Recorder(lp, window=8)
+    res = document_metrics(model, [short], byte_len, window=8, eos_id=eos, bos_id=None)
+    nll = -(lp[2] + lp[3] + lp[1] + lp[0])
+    assert res["windows"] == 1 and res["tokens"] == 4 and res["bytes"] == 2 + 3 + 1 + 0
+    assert res["nll_nats"] == pytest.approx(nll, rel=1e-6)
+    assert res["bits_per_byte"] == pytest.approx(nll / math.log(2) / 6, rel=1e-6)
+    assert model.seen == [[eos, 2, 3, 1, eos]]
+
+    long = np.array([1, 2, 3, 4] * 7 + [eos])  # 29 targets, window 8 -> 7 + 7 + 7 + 7 + 1
+    model = Recorder(lp, window=8)
+    res = document_metrics(model, [long], byte_len, window=8, eos_id=eos, bos_id=None, batch_size=2)
+    assert res["windows"] == 5 and res["tokens"] == len(long)
+    assert res["bytes"] == int(byte_len[long].sum())
+    assert res["nll_nats"] == pytest.approx(-lp[long].sum(), rel=1e-6)
+    ids = np.concatenate([[eos], long])
+    assert model.seen[1] == ids[7:15].tolist()  # targets 8..14, read with the 7 tokens before the first
+    bos = np.array([4, 2, 3, eos])  # a document opening with BOS: BOS is the prefix, never a target
+    assert document_metrics(Recorder(lp, 8), [bos], byte_len, 8, eos, bos_id=4)["tokens"] == 3
+
+
+def test_split_documents_keeps_every_token() -> None:
+    ids = np.array([5, 6, 0, 7, 0, 8, 9])
+    docs = split_documents(ids, 0)
+    assert [d.tolist() for d in docs] == [[5, 6, 0], [7, 0], [8, 9]]
+
+
+def test_kneser_ney_is_a_distribution_over_the_vocabulary() -> None:
+    from llmpipe.evaluation.baseline import KneserNey
+
+    vocab, eos = 12, 0
+    docs = [np.array([3, 4, 5, 3, 4, 6, eos]), np.array([3, 4, 5, eos]), np.array([7, 4, 5, eos])]
+    kn = KneserNey(docs, order=3, vocab=vocab, eos_id=eos, bos_id=None)
+    for hist in (["<s>"], ["<s>", "3"], ["3", "4"], ["9", "9"]):
+        words = ["</s>", *(str(i) for i in range(1, vocab))]  # every id but EOS spelled as itself
+        assert sum(math.exp(kn.word(hist, w)) for w in words) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_stage_reports_documents_and_kn_beside_unigram(toy_lm, fresh_store) -> None:  # noqa: ANN001
+    from llmpipe.evaluation.config import EvaluateConfig
+    from llmpipe.evaluation.stage import RESULTS, run_evaluate
+    from llmpipe.executor import LocalExecutor
+    from llmpipe.stage import STAGES, StageContext
+
+    out = fresh_store.new_tmp_dir("evaluate", "k1")
+    cfg = EvaluateConfig(max_sequences=16, prompts=[], documents=6)
+    ctx = StageContext(spec=STAGES["evaluate"], config=cfg, pipeline=None, key="k1", out=out,
+                       inputs={"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
+                       input_keys={"pretrain": "p", "tokenize": "t"}, store=fresh_store, executor=LocalExecutor(1))
+    stats = run_evaluate(ctx)
+    res = json.loads((out / RESULTS).read_text())
+    docs, kn, uni = res["metrics"]["documents"], res["kn_baseline"], res["baseline"]
+    print({k: stats[k] for k in ("bits_per_byte", "document_bits_per_byte", "unigram_bits_per_byte",
+                                 "kn_bits_per_byte", "bits_per_byte_vs_kn", "document_bits_per_byte_vs_kn",
+                                 "documents_seconds")})
+    assert docs["documents"] == 6 and docs["tokens"] > 0 and docs["documents_total"] >= 6
+    assert kn["overall"]["bytes"] == uni["overall"]["bytes"]  # the same held-out bytes as the unigram
+    assert kn["overall"]["bits_per_byte"] < uni["overall"]["bits_per_byte"]  # context helps on the toy corpus
+    assert kn["order"] == 3 and "Kneser-Ney" in kn["smoothing"]
+    assert stats["bits_per_byte_vs_kn"] == pytest.approx(stats["bits_per_byte"] / stats["kn_bits_per_byte"])
+    assert stats["document_bits_per_byte"] == pytest.approx(docs["bits_per_byte"])
+    assert kn["documents"]["bytes"] == docs["bytes"]
+    rows = {r["metric"]: r for r in next(r for r in ctx.reports if r.kind == "table").payload}
+    assert rows["bits per byte"]["kn"] == pytest.approx(kn["overall"]["bits_per_byte"])
+    assert rows["whole documents: bits per byte"]["this"] == pytest.approx(docs["bits_per_byte"])
+    assert "bits per byte ÷ Kneser-Ney" in rows
+    md = stats[next(r for r in ctx.reports if r.kind == "stats-markdown").payload]
+    assert "Whole documents (6 of" in md and "| Kneser-Ney |" in md
+
+
+def test_stage_key_moves_with_the_new_keys() -> None:
+    from llmpipe.evaluation.config import EvaluateConfig
+
+    base = EvaluateConfig().key_dict()
+    for change in ({"documents": 4}, {"doc_stride": 8}, {"doc_window": 64}, {"kn_order": 4},
+                   {"kn_max_train_tokens": 1000}):
+        assert EvaluateConfig(**change).key_dict() != base, change
