@@ -58,7 +58,7 @@ class GateConfig(Section):
         for metric, value in v.items():
             if metric not in OVERALL_METRICS and metric.count("/") != 1:
                 raise ValueError(f"gate.metrics.{metric}: name one of {sorted(OVERALL_METRICS)} or "
-                                 "<harness task>/<metric> (e.g. tiny_mc/acc)")
+                                 "<harness task>/<metric> (e.g. tiny_mc/acc) or documents/bits_per_byte")
             parse_allowance(metric, value)
         return v
 

@@ -65,6 +65,11 @@ def _lookup(res: dict[str, Any], metric: str, side: str) -> tuple[float, float |
     if metric in OVERALL_METRICS:
         return float(res["overall"][metric]), None, OVERALL_METRICS[metric]
     task, name = metric.split("/")
+    if task == "documents" and name in OVERALL_METRICS and name != "accuracy":  # whole-document figures
+        if "documents" not in res:
+            raise ValueError(f"quantize.gate.metrics.{metric}: the {side} results hold no document-level "
+                             "metrics (set evaluate.documents > 0)")
+        return float(res["documents"][name]), None, OVERALL_METRICS[name]
     tasks = _harness_tasks(res)
     if task not in tasks or name not in tasks[task]["metrics"]:
         known = sorted(f"{t}/{m}" for t, v in tasks.items() for m in v["metrics"])

@@ -123,3 +123,18 @@ def test_stage_key_moves_with_the_new_keys() -> None:
     for change in ({"documents": 4}, {"doc_stride": 8}, {"doc_window": 64}, {"kn_order": 4},
                    {"kn_max_train_tokens": 1000}):
         assert EvaluateConfig(**change).key_dict() != base, change
+
+
+def test_kneser_ney_scores_as_the_coherence_stages_arpa_model(tmp_path) -> None:  # noqa: ANN001
+    """The baseline is the coherence stage's estimator: on seen ids its document scores are those of
+    the ARPA file that estimator writes, read back by its ARPA scorer."""
+    from llmpipe.curation.arpa import ArpaModel, write_arpa
+    from llmpipe.evaluation.baseline import KneserNey
+
+    eos = 0
+    docs = [np.array([3, 4, 5, 3, 4, 6, eos]), np.array([3, 4, 5, eos]), np.array([7, 4, 5, 6, eos])]
+    kn = KneserNey(docs, order=3, vocab=10, eos_id=eos, bos_id=None)
+    arpa = ArpaModel(write_arpa([[str(t) for t in d[:-1]] for d in docs], tmp_path / "kn.arpa", order=3))
+    for doc in ([3, 4, 6, 5], [7, 4, 5, 3, 4]):
+        ours = -kn.target_nll(np.array([eos, *doc, eos])).sum() / math.log(10)
+        assert ours == pytest.approx(arpa.score(" ".join(map(str, doc))), abs=1e-5)

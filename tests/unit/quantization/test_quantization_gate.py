@@ -62,3 +62,13 @@ def test_the_old_keys_still_gate() -> None:
     fp, q = results(10.0, 0.80, 0.04), results(10.3, 0.78, 0.04)
     with pytest.raises(QualityGateError, match=r"perplexity rose \+3.00%.*'mc' accuracy fell 2.00 points"):
         check_gate(fp, q, GateConfig(max_ppl_increase=0.02, max_accuracy_drop=1.0))
+
+
+def test_a_gate_on_whole_document_bits_per_byte() -> None:
+    fp, q = results(10.0, 0.5, 0.05), results(10.0, 0.5, 0.05)
+    fp["documents"], q["documents"] = {"bits_per_byte": 1.0}, {"bits_per_byte": 1.03}
+    assert check_gate(fp, q, gate(**{"documents/bits_per_byte": "+5%"}))["passed"]
+    with pytest.raises(QualityGateError, match=r"documents/bits_per_byte moved \+3%"):
+        check_gate(fp, q, gate(**{"documents/bits_per_byte": "+1%"}))
+    with pytest.raises(ValueError, match=r"no document-level metrics \(set evaluate.documents > 0\)"):
+        check_gate(results(10.0, 0.5, 0.05), q, gate(**{"documents/bits_per_byte": "+1%"}))
