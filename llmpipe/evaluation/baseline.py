@@ -151,17 +151,19 @@ class KneserNey:
         start (BOS or after EOS, read as ``<s>``); a BOS target right after EOS costs nothing."""
         out = np.zeros(max(0, len(ids) - 1))
         hist: list[str] = []
+        ended = True  # a BOS here opens a document (BOS and EOS may be one id)
         for p, t in enumerate(ids.tolist()):
+            if t == self.bos_id and (ended or self.bos_id != self.eos_id):
+                hist, ended = ["<s>"], False  # costs nothing: out[p - 1] stays 0
+                continue
             if p:
-                if t == self.bos_id:
-                    out[p - 1] = 0.0
-                else:
-                    out[p - 1] = -self.word(hist, "</s>" if t == self.eos_id else str(t))
-            if t == self.eos_id or t == self.bos_id:
-                hist = ["<s>"]
+                out[p - 1] = -self.word(hist, "</s>" if t == self.eos_id else str(t))
+            if t == self.eos_id:
+                hist, ended = ["<s>"], True
             else:
                 hist.append(str(t))
                 del hist[: max(0, len(hist) - self.order)]
+                ended = False
         return out
 
     def scorer(self, pad_id: int | None, byte_len: np.ndarray) -> Scorer:

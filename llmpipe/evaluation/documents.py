@@ -29,14 +29,24 @@ from llmpipe.evaluation.metrics import Tally, score_batch
 from llmpipe.tokenization.layout import TOKENIZE
 
 
-def split_documents(ids: np.ndarray, eos_id: int) -> list[np.ndarray]:
+def split_documents(ids: np.ndarray, eos_id: int, bos_id: int | None = None) -> list[np.ndarray]:
     """The documents of one shard's real ids, each ending with its EOS (a trailing piece without
-    one, cut by the shard's end, is a document too)."""
+    one, cut by the shard's end, is a document too). Where BOS and EOS are one id, a piece
+    ``[BOS] ids EOS`` splits into ``[BOS]`` and ``ids EOS``: the lone BOS is joined to what follows."""
     ends = np.flatnonzero(ids == eos_id) + 1
     bounds = [0, *ends.tolist()]
     if bounds[-1] < len(ids):
         bounds.append(len(ids))
-    return [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+    docs = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+    if bos_id is None or bos_id != eos_id:
+        return docs
+    out: list[np.ndarray] = []
+    for d in docs:
+        if out and len(out[-1]) == 1 and out[-1][0] == bos_id:
+            out[-1] = np.concatenate([out[-1], d])
+        else:
+            out.append(d)
+    return out
 
 
 def iter_documents(tokenize_dir: str | Path, split: str) -> Iterator[np.ndarray]:
@@ -50,7 +60,8 @@ def iter_documents(tokenize_dir: str | Path, split: str) -> Iterator[np.ndarray]
         raise ValueError(f"{index_path}: no split {split!r} (has {sorted(index['splits'])})")
     for shard in index["splits"][split]["shards"]:
         ids = np.memmap(tokenize_dir / shard["file"], dtype=np.dtype(index["dtype"]), mode="r")
-        yield from split_documents(np.asarray(ids[: int(shard["tokens"])], dtype=np.int64), int(index["eos_id"]))
+        yield from split_documents(np.asarray(ids[: int(shard["tokens"])], dtype=np.int64), int(index["eos_id"]),
+                                   index.get("bos_id"))
 
 
 def held_out_documents(tokenize_dir: str | Path, split: str, max_docs: int | None) -> tuple[list[np.ndarray], int]:

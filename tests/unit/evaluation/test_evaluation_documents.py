@@ -138,3 +138,17 @@ def test_kneser_ney_scores_as_the_coherence_stages_arpa_model(tmp_path) -> None:
     for doc in ([3, 4, 6, 5], [7, 4, 5, 3, 4]):
         ours = -kn.target_nll(np.array([eos, *doc, eos])).sum() / math.log(10)
         assert ours == pytest.approx(arpa.score(" ".join(map(str, doc))), abs=1e-5)
+
+
+def test_bos_and_eos_as_one_id() -> None:
+    """The tiny preset's tokenizer has BOS = EOS = 0: documents still split whole, and the KN baseline
+    charges every EOS target (only a BOS that opens a document is free)."""
+    from llmpipe.evaluation.baseline import KneserNey
+
+    ids = np.array([0, 5, 6, 0, 0, 7, 0])  # [BOS] 5 6 EOS [BOS] 7 EOS
+    assert [d.tolist() for d in split_documents(ids, 0, bos_id=0)] == [[0, 5, 6, 0], [0, 7, 0]]
+    assert [d.tolist() for d in split_documents(ids, 0, bos_id=None)] == [[0], [5, 6, 0], [0], [7, 0]]
+    kn = KneserNey([np.array([0, 5, 6, 0]), np.array([0, 7, 0])], order=2, vocab=9, eos_id=0, bos_id=0)
+    nll = kn.target_nll(ids)
+    assert nll[2] > 0 and nll[5] > 0  # the EOS targets
+    assert nll[3] == 0  # the BOS after an EOS
