@@ -156,9 +156,12 @@ def test_evaluate_tasks_jsonl_runs_through_the_harness(lm, tmp_path: Path) -> No
 
 
 def test_chat_template_on_without_one_is_a_clear_error(lm) -> None:  # noqa: ANN001
+    import copy
+
     from llmpipe.evaluation.harness import harness_lm
 
     model, tok = lm
-    assert not getattr(tok, "chat_template", None)  # the toy tokenizer has none
+    tok = copy.deepcopy(tok)  # the toy tokenizer ships a chat template now: this copy has none
+    tok.chat_template = None
     with pytest.raises(ValueError, match="chat_template: true, but the model's tokenizer has no chat template"):
         harness_lm(model, tok, HarnessConfig(tasks=["tiny_mc"], chat_template=True))
