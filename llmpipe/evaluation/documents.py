@@ -7,8 +7,10 @@ artifact: ``[BOS] ids EOS``) is scored on its own, every token exactly once, in 
 the model's length: the first window predicts the first ``window - 1`` tokens after a prefix token (BOS
 when the document has one, else the previous document's EOS, as the harness conditions on its EOT
 token); each later window predicts the next ``stride`` tokens with the ``window - 1 - stride`` tokens
-before them as context. ``stride = window - 1`` (the default) is the harness's own disjoint windows
-(``get_rolling_token_windows(context_len=1)``); a smaller stride gives every token more left context
+before them as context. ``stride = window - 1`` (the default) gives exactly the harness's own disjoint
+windows (``get_rolling_token_windows(context_len=1)`` + ``make_disjoint_window``) at its
+``max_length = window - 1``: the model is also fed the last target (its logits unused), so it never
+reads more than ``window`` positions; a smaller stride gives every token more left context
 at ``window / stride`` times the cost.
 
 Documents are read from the token shards, split at EOS, so the cost is linear in the split's size

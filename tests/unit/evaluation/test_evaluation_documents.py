@@ -152,3 +152,18 @@ def test_bos_and_eos_as_one_id() -> None:
     nll = kn.target_nll(ids)
     assert nll[2] > 0 and nll[5] > 0  # the EOS targets
     assert nll[3] == 0  # the BOS after an EOS
+
+
+def test_default_windows_are_the_harness_loglikelihood_rolling_windows() -> None:
+    """With the default stride our windows are lm-evaluation-harness's own: the model reads the
+    same tokens and scores the same targets (the harness's ``max_length`` L reads L inputs and
+    predicts L targets; ours counts the last target too: window = L + 1)."""
+    utils = pytest.importorskip("lm_eval.utils")
+    prefix = -1
+    for n, L in [(1, 4), (4, 4), (9, 4), (30, 7)]:
+        doc = list(range(100, 100 + n))
+        theirs = [(list(ctx) + list(pred), len(pred)) for ctx, pred in (
+            utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(doc, prefix, L, 1))]
+        toks = [prefix, *doc]
+        ours = [(toks[a : b + 1], k) for a, b, k in rolling_windows(len(toks), L + 1)]
+        assert ours == theirs  # the same tokens read, the same number of targets at their end
