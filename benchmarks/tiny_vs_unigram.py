@@ -61,6 +61,9 @@ def quality(evaluate_dir: str) -> dict[str, Any]:
     return {"bpb": res["metrics"]["overall"]["bits_per_byte"], "unigram": base["overall"]["bits_per_byte"],
             "ratio": base["bits_per_byte_ratio"], "train_tokens": base["train_tokens"],
             "per_language": base["per_language_bits_per_byte_ratio"],
+            "kn": (res.get("kn_baseline") or {}).get("overall", {}).get("bits_per_byte"),
+            "kn_smoothing": (res.get("kn_baseline") or {}).get("smoothing"),
+            "document_bpb": (res["metrics"].get("documents") or {}).get("bits_per_byte"),
             "samples": res["metrics"].get("generations", [])}
 
 
@@ -89,6 +92,7 @@ def cold_run(overrides: list[str], until: str | None = None) -> tuple[dict[str, 
     pre = next(r[3] for r in rows if r[0] == "pretrain")
     print(f"pretrain: {pre.stats.get('steps')} steps, {pre.stats.get('tokens')} tokens; "
           f"unigram fitted on {q['train_tokens']} train tokens")
+    print(f"beside: {q['kn_smoothing']}: {q['kn']} bpb on the same bytes; whole documents: {q['document_bpb']} bpb")
     return q, tmp
 
 
