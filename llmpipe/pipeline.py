@@ -41,7 +41,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
               "tensorboard"),
     "eval": ("lm_eval",),
     "quantize": ("llmcompressor", "compressed_tensors"),
-    "serve": ("tritonclient",),
+    "serve": ("tritonclient", "fastapi", "uvicorn", "prometheus_client", "openai"),
     "dask": ("dask", "distributed"),
     "redis": ("redis",),
 }

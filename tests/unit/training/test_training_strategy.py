@@ -242,7 +242,7 @@ def test_parallel_tensor_is_checked_against_the_launch_and_the_model() -> None:
         TrainConfig(strategy="deepspeed", launch={"launcher": "deepspeed"}, parallel={"tensor": 2})
     assert TrainConfig(strategy="fsdp2", parallel={"tensor": 2}, launch={"nproc_per_node": 4}).data_parallel == 2
     with pytest.raises(ValueError, match=r"does not divide the model's num_key_value_heads \(2\)"):
-        check_divides(llama_config("tiny", 128, {"num_key_value_heads": 2}), 4)
+        check_divides(llama_config("tiny", 128, {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}), 4)
     with pytest.raises(ValueError, match=r"parallel.pipeline \(2\) on 4 ranks leaves 2 data-parallel replicas: "
                                          r"that needs strategy fsdp2"):
         TrainConfig(parallel={"pipeline": 2}, launch={"nproc_per_node": 4})
