@@ -1,4 +1,4 @@
-"""The whole tiny lifecycle as a new user runs it: raw text to a Triton server answering.
+"""The whole tiny lifecycle as a new user runs it: raw text to a Triton server answering (smoke-tested over HTTP, gRPC and the OpenAI API).
 
 The real ``llmpipe`` console script in a brand-new empty folder holding only a copy of the tiny config:
 no server, no ``.llmpipe/``, no ``PREFECT_*`` variables (Prefect starts a temporary server). (c) From
@@ -88,7 +88,7 @@ def test_tiny_lifecycle_in_a_fresh_folder_then_all_cached(tmp_path: Path, monkey
 
     deploy = arts["deploy"]
     assert deploy.stats["verified"] is True
-    assert {s["protocol"] for s in deploy.stats["smoke"] if s["ok"]} == {"http", "grpc"}
+    assert {s["protocol"] for s in deploy.stats["smoke"] if s["ok"]} == {"http", "grpc", "openai"}
     _ask_triton(deploy.path)
 
     again = _cli(project)
