@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from llmpipe.evaluation.data import split_token_arrays
 from llmpipe.evaluation.metrics import EvalSequence, Scorer, tally_sequences
 from llmpipe.tokenization.layout import TOKENIZE
 
@@ -31,19 +32,11 @@ SMOOTHING = 1.0  # add-one (Laplace)
 
 def train_token_counts(tokenize_dir: str | Path, split: str = "train") -> np.ndarray:
     """How often each id occurs among the real tokens of ``split`` (indexed by id, ``vocab_size`` long)."""
-    tokenize_dir = Path(tokenize_dir)
-    index_path = tokenize_dir / TOKENIZE.index
-    if not index_path.is_file():
-        raise FileNotFoundError(f"{index_path}: not a tokenize artifact (no index.json)")
-    index = json.loads(index_path.read_text())
-    if split not in index["splits"]:
-        raise ValueError(f"{index_path}: no split {split!r} for the unigram baseline "
-                         f"(has {sorted(index['splits'])})")
+    index, arrays = split_token_arrays(tokenize_dir, split)
     vocab = int(index["vocab_size"])
     counts = np.zeros(vocab, dtype=np.int64)
-    for shard in index["splits"][split]["shards"]:
-        ids = np.memmap(tokenize_dir / shard["file"], dtype=np.dtype(index["dtype"]), mode="r")
-        counts += np.bincount(np.asarray(ids[: int(shard["tokens"])]), minlength=vocab)[:vocab]
+    for ids in arrays:
+        counts += np.bincount(np.asarray(ids), minlength=vocab)[:vocab]
     return counts
 
 

@@ -9,6 +9,7 @@ documents of several languages. Splits without that array (e.g. a train sample) 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,18 @@ def load_sequences(tokenize_dir: str | Path, split: str = "val", max_sequences: 
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta.update({"split": split, "sequences_total": len(ds), "sequences_used": len(seqs)})
     return seqs, names, meta
+
+
+def split_token_arrays(tokenize_dir: str | Path, split: str) -> tuple[dict[str, Any], Iterator[np.ndarray]]:
+    """(the tokenize artifact's index, each shard of ``split`` as its real tokens, memory-mapped); errors name
+    the index file and the splits it has."""
+    tokenize_dir = Path(tokenize_dir)
+    index_path = tokenize_dir / TOKENIZE.index
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{index_path}: not a tokenize artifact (no index.json)")
+    index = json.loads(index_path.read_text())
+    if split not in index["splits"]:
+        raise ValueError(f"{index_path}: no split {split!r} (has {sorted(index['splits'])})")
+    dtype = np.dtype(index["dtype"])
+    shards = index["splits"][split]["shards"]
+    return index, (np.memmap(tokenize_dir / s["file"], dtype=dtype, mode="r")[: int(s["tokens"])] for s in shards)

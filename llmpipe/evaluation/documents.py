@@ -19,16 +19,14 @@ and only ``max_docs`` evenly spaced documents are scored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llmpipe.evaluation.data import evenly_spaced
+from llmpipe.evaluation.data import evenly_spaced, split_token_arrays
 from llmpipe.evaluation.metrics import Tally, score_batch
-from llmpipe.tokenization.layout import TOKENIZE
 
 
 def split_documents(ids: np.ndarray, eos_id: int, bos_id: int | None = None) -> list[np.ndarray]:
@@ -53,17 +51,9 @@ def split_documents(ids: np.ndarray, eos_id: int, bos_id: int | None = None) -> 
 
 def iter_documents(tokenize_dir: str | Path, split: str) -> Iterator[np.ndarray]:
     """Every document of ``split`` of a tokenize artifact, shard by shard (padding excluded)."""
-    tokenize_dir = Path(tokenize_dir)
-    index_path = tokenize_dir / TOKENIZE.index
-    if not index_path.is_file():
-        raise FileNotFoundError(f"{index_path}: not a tokenize artifact (no index.json)")
-    index = json.loads(index_path.read_text())
-    if split not in index["splits"]:
-        raise ValueError(f"{index_path}: no split {split!r} (has {sorted(index['splits'])})")
-    for shard in index["splits"][split]["shards"]:
-        ids = np.memmap(tokenize_dir / shard["file"], dtype=np.dtype(index["dtype"]), mode="r")
-        yield from split_documents(np.asarray(ids[: int(shard["tokens"])], dtype=np.int64), int(index["eos_id"]),
-                                   index.get("bos_id"))
+    index, arrays = split_token_arrays(tokenize_dir, split)
+    for ids in arrays:
+        yield from split_documents(np.asarray(ids, dtype=np.int64), int(index["eos_id"]), index.get("bos_id"))
 
 
 def held_out_documents(tokenize_dir: str | Path, split: str, max_docs: int | None) -> tuple[list[np.ndarray], int]:

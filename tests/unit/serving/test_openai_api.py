@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-import torch
 import tritonclient.grpc as grpcclient
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
 from llmpipe.processes import free_port
@@ -31,6 +30,7 @@ from llmpipe.serving.monitoring import metric_sum, read_metrics
 from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, serve_api
 from llmpipe.serving.repository import write_model_repository
 from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC, UNSTARTED_METRIC
+from tests.fixtures.tiny_checkpoint import greedy_reference
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")]
@@ -77,21 +77,13 @@ def client(api: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=api, api_key=KEY, max_retries=0, timeout=120)
 
 
-def reference(ckpt: Path, ids: list[int], n: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False)
-    new = out[0, len(ids):].tolist()
-    eos = model.generation_config.eos_token_id
-    return new[: new.index(eos) + 1] if eos in new else new
 
 
 def test_greedy_completion_is_the_models_answer(client: openai.OpenAI, checkpoint: Path) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
     tok = AutoTokenizer.from_pretrained(checkpoint)
     ids = tok(PROMPT)["input_ids"]
-    want = reference(checkpoint, ids, 12)
+    want = greedy_reference(checkpoint, ids, 12)
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
     assert r.object == "text_completion" and r.model == MODEL and len(r.choices) == 1
     assert r.choices[0].text == tok.decode(want, skip_special_tokens=True)

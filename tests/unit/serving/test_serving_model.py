@@ -18,6 +18,7 @@ from llmpipe.serving.triton_model import (
     _masks,
     decode_batch,
 )
+from tests.fixtures.tiny_checkpoint import greedy_reference
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +26,6 @@ def gen(tiny_checkpoint: Path) -> Generator:
     return Generator(str(tiny_checkpoint), Limits(max_prompt_tokens=32, max_tokens_limit=24, default_max_tokens=6))
 
 
-def reference(ckpt: Path, ids: list[int], n: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False)
-    return out[0, len(ids):].tolist()
 
 
 PROMPTS = ["the quick brown fox", "once upon a time there", "héllo wörld", "numbers 12345"]
@@ -43,7 +38,7 @@ def test_greedy_batch_equals_transformers_generate(gen: Generator, tiny_checkpoi
     got = gen.generate(reqs)
     for p, r, g in zip(PROMPTS, reqs, got, strict=True):
         assert r.input_ids == tok(p)["input_ids"]
-        ref = reference(tiny_checkpoint, r.input_ids, 12)
+        ref = greedy_reference(tiny_checkpoint, r.input_ids, 12)
         eos = tok.eos_token_id
         assert g == (ref[: ref.index(eos) + 1] if eos in ref else ref)
 

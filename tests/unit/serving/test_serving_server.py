@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
 from llmpipe.serving import server as srv
@@ -19,6 +18,7 @@ from llmpipe.serving.client import TextClient
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.loadtest import SloViolation, load_test, smoke_test
 from llmpipe.serving.repository import write_model_repository
+from tests.fixtures.tiny_checkpoint import greedy_reference
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")]
@@ -38,14 +38,6 @@ def server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open after shutdown"
 
 
-def reference(ckpt: Path, ids: list[int], n: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False)
-    new = out[0, len(ids):].tolist()
-    eos = model.generation_config.eos_token_id
-    return new[: new.index(eos) + 1] if eos in new else new
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -56,7 +48,7 @@ def test_greedy_output_equals_transformers_generate(server: srv.TritonServer, ti
     with TextClient(url, MODEL, protocol) as c:
         for prompt in ["the quick brown fox", "héllo wörld, numbers 12345"]:
             ids = tok(prompt)["input_ids"]
-            ref = reference(tiny_checkpoint, ids, 10)
+            ref = greedy_reference(tiny_checkpoint, ids, 10)
             g = c.generate(prompt=prompt, max_tokens=10)
             assert g.output_ids == ref
             assert g.text == tok.decode(ref, skip_special_tokens=True)
@@ -65,7 +57,7 @@ def test_greedy_output_equals_transformers_generate(server: srv.TritonServer, ti
         # Multi-element INT64 ids arrive unchanged (the numpy path of Triton 2.51 + numpy 2 would repeat
         # the first element): the answer matches the reference for these exact, distinct ids.
         ids = [7, 150, 33, 201, 12, 99]
-        assert c.generate(input_ids=ids, max_tokens=6).output_ids == reference(tiny_checkpoint, ids, 6)
+        assert c.generate(input_ids=ids, max_tokens=6).output_ids == greedy_reference(tiny_checkpoint, ids, 6)
 
 
 def _bad_requests(c: TextClient) -> list[tuple[list, str]]:
