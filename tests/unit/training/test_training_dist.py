@@ -23,6 +23,7 @@ import torch
 
 from llmpipe.stage import STAGES, StageContext
 from llmpipe.store import ArtifactStore
+from llmpipe.tokenization.layout import TOKENIZER
 from llmpipe.training.config import TrainConfig
 from llmpipe.training.launch import TrainingError, free_port, launch
 from llmpipe.training.stage import run_pretrain  # noqa: F401 - registers the stage
@@ -43,6 +44,9 @@ def _tokenizer_dir(root: Path, vocab: int) -> Path:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     root.mkdir(parents=True)
     tok.save(str(root / "tokenizer.json"))
+    # the ids the tokenizer stage records, which the model is built and exported with (t0 ends a text)
+    meta = {"vocab_size": vocab, "bos_id": 0, "eos_id": 0, "pad_id": None, "source": "test"}
+    (root / TOKENIZER.meta).write_text(json.dumps(meta))
     return root
 
 
