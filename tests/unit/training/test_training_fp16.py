@@ -146,8 +146,13 @@ def test_sharded_fp16_runs_scale_the_loss_and_skip_an_overflow_on_every_rank(cas
     whole = tmp_path / "whole"
     run(whole, [1, 4])
     recs = _records(whole)
-    assert [r["loss_scale"] for r in recs] == [65536.0, 32768.0, 32768.0, 32768.0, 16384.0, 16384.0]
-    assert [r["overflow_skipped"] for r in recs] == [False, True, False, False, True, False]
+    skipped = [r["overflow_skipped"] for r in recs]
+    assert skipped[1] and skipped[4] and not any(skipped[2:4] + skipped[5:]), skipped  # the planted ones
+    # each skip halves the scale and nothing else moves it (the growth interval is far off). The first step
+    # may overflow for real at the initial 2**16 (FSDP2 on the 2x32-head tiny model does): finding a scale
+    # that fits is the scaler's own job, so only the planted steps are pinned
+    scales = [65536.0] + [r["loss_scale"] for r in recs]
+    assert all(b == (a / 2 if s else a) for a, b, s in zip(scales, scales[1:], skipped, strict=False)), (scales, skipped)
     assert all(math.isfinite(r["loss"]) for r in recs) and not any(r["skipped"] for r in recs)
     per_rank = [[json.loads(x) for x in (whole / f"scale_rank{rank}.jsonl").read_text().splitlines()]
                 for rank in range(cfg.launch.nproc_per_node)]
@@ -155,7 +160,7 @@ def test_sharded_fp16_runs_scale_the_loss_and_skip_an_overflow_on_every_rank(cas
         assert [(r["loss_scale"], r["overflow_skipped"]) for r in rank_recs] == \
             [(r["loss_scale"], r["overflow_skipped"]) for r in recs]
     summary = json.loads((whole / "summary.json").read_text())
-    assert summary["overflow_skipped_steps"] == 2 and summary["loss_scale"] == 16384.0
+    assert summary["overflow_skipped_steps"] == sum(skipped) and summary["loss_scale"] == scales[-1]
     part = tmp_path / "part"
     shutil.copytree(whole, part)
     shutil.rmtree(part / "checkpoints" / "step_00000006")  # as if killed after step 5: resume at step 3
