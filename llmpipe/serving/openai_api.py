@@ -308,10 +308,11 @@ class Metrics:
     tokens: Any = None
     latency: Any = None
     ttft: Any = None
+    in_flight: Any = None
 
     @classmethod
     def create(cls) -> Metrics:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         reg = CollectorRegistry()
         return cls(reg, Counter("llmpipe_api_requests", "OpenAI API requests by endpoint and HTTP status",
@@ -321,7 +322,9 @@ class Metrics:
                    Histogram("llmpipe_api_request_seconds", "Request duration until the answer (or the stream) "
                              "ended", ["endpoint"], registry=reg),
                    Histogram("llmpipe_api_time_to_first_token_seconds", "Streamed requests: until the first "
-                             "token was sent", ["endpoint"], registry=reg))
+                             "token was sent", ["endpoint"], registry=reg),
+                   Gauge("llmpipe_api_requests_in_flight", "Requests holding one of the front end's max_in_flight "
+                         "slots now", registry=reg))
 
 
 @dataclass
@@ -532,6 +535,7 @@ class _Slot:
                 raise overloaded(f"overloaded: {self.st.in_flight} requests in flight, this server's limit "
                                  f"(max_in_flight {self.st.cfg.max_in_flight}); retry later")
             self.st.in_flight += 1
+            self.st.metrics.in_flight.set(self.st.in_flight)
             self.held = True
         return self
 
@@ -542,6 +546,7 @@ class _Slot:
         with self.st.lock:
             if self.held:
                 self.st.in_flight -= 1
+                self.st.metrics.in_flight.set(self.st.in_flight)
                 self.held = False
 
 

@@ -316,11 +316,12 @@ def test_requests_beyond_the_apis_own_bound_get_429(checkpoint: Path) -> None:
             t = threading.Thread(target=lambda: held.append(_error(
                 lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))))
             t.start()
-            deadline = time.monotonic() + 3
-            while True:  # until the held request has its slot (the refusal says so)
-                e = _error(lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))
-                if e.status_code == 429 or time.monotonic() > deadline:
-                    break
+            metrics_url = a.url.replace("/v1", "/metrics")
+            deadline = time.monotonic() + 30  # the held request takes its slot (the API's own gauge says so)
+            while metric_sum(read_metrics(metrics_url), "llmpipe_api_requests_in_flight") < 1:
+                assert time.monotonic() < deadline, "the held request never took its slot"
+                time.sleep(0.02)
+            e = _error(lambda: c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4))
             assert e.status_code == 429 and "max_in_flight 1" in e.body["message"] and e.body["code"] == "overloaded"
             t.join()
             assert held[0].status_code == 504 and held[0].body["code"] == "timeout"
