@@ -20,7 +20,8 @@
 # GPU it refuses with one line and exit code 2.
 #
 # Usage: bash benchmarks/gpu/run.sh [STEPS]   (env: PRESETS="gpu-125m gpu-1b", PEAK_TFLOPS=989,
-#        VERBOSE=1 prints the workers' log, PYTHON=path/to/python)
+#        VERBOSE=1 prints the workers' log, PYTHON=path/to/python, OVERRIDES="train.loss.chunk_tokens=0 ..."
+#        config overrides for every preset, applied before the ones above)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -60,8 +61,8 @@ def planned(t, vocab: int, seq: int, micro: int) -> float:
 
 def one_gpu(name: str):
     """The preset's train: section on this one GPU: its per-GPU micro batch and accumulation."""
-    cfg = load_config(Path("configs") / f"{name}.yaml", [f"train.max_steps={steps}", "train.checkpoint.every=0",
-                                                                 "train.log_every=1"])
+    cfg = load_config(Path("configs") / f"{name}.yaml", os.environ.get("OVERRIDES", "").split() + [
+        f"train.max_steps={steps}", "train.checkpoint.every=0", "train.log_every=1"])
     t = cfg.train
     seq, vocab = cfg.tokenize.seq_len, cfg.tokenizer.vocab_size
     accum = t.global_batch_size // (t.micro_batch_size * t.launch.world_size)

@@ -128,3 +128,28 @@ def test_the_chunked_loss_equals_the_plain_one_and_keeps_no_fp32_vocabulary(dtyp
         chunked_token_loss(x, targets, 16)
     big_fp32 = [t for t in kept if t.dtype == torch.float32 and t.numel() >= 100 * 300]
     assert dtype == torch.float32 or not big_fp32, [t.shape for t in big_fp32]
+
+
+def test_the_compiled_loss_equals_the_plain_one_and_saves_no_fp32_vocabulary() -> None:
+    """The loss a compiled model uses on a GPU (``compiled_token_loss``: Inductor fuses the upcast),
+    run through Inductor's CPU backend here: loss and gradient equal ``token_loss``'s to 1e-5 for bf16
+    logits, and what it saves for backward holds no fp32 tensor of the whole vocabulary per token."""
+    from llmpipe.training.engines import compiled_token_loss, token_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 50, 300).to(torch.bfloat16)
+    targets = torch.randint(0, 300, (2, 50))
+    targets[0, :7] = -100
+    out, kept = [], []
+    for fn in (token_loss, compiled_token_loss):
+        x = logits.clone().requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            loss = fn(x, targets)
+        if fn is token_loss:
+            kept.clear()
+        loss.backward()
+        out.append((loss.detach(), x.grad))
+    (plain, g_plain), (fused, g_fused) = out
+    assert abs(float(plain) - float(fused)) <= 1e-5
+    assert torch.allclose(g_plain.float(), g_fused.float(), atol=1e-5)
+    assert kept and not [t for t in kept if t.dtype == torch.float32 and t.numel() >= 100 * 300]
