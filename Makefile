@@ -24,7 +24,7 @@ run: install
 	$(VENV)/bin/llmpipe run configs/tiny.yaml
 
 test: install-test
-	$(VENV)/bin/pytest -q --timeout 1500
+	$(VENV)/bin/pytest -q --timeout 1500 --durations=30
 
 test-fast: install-test
 	$(VENV)/bin/pytest -q -m "not slow"
