@@ -9,7 +9,13 @@ and ``n`` (n requests to the engine). Errors are OpenAI's error objects
 context length (the limit named), 401 for a wrong API key, 404 for an unknown model, 429 when the
 engine's queue (or this front end's in-flight bound) is full, 503 when the engine is not ready, 504
 when it does not answer within ``timeout_s``.
-``/health`` answers 200 when the engine's models are ready, ``/metrics`` is Prometheus text.
+``/health`` answers 200 when the engine's models are ready *and generate*: loaded models whose every
+generation fails must not look healthy, and Triton 2.51's Python backend has no way for a model to
+report itself not ready. So the front end remembers the last generation's outcome (a client's
+request, or its own probe) and, when that is older than ``health_cache_s``, probes a 1-token greedy
+generation on each model (batch and streaming); a failure (HTTP 500 from the engine) turns ``/health``
+503 with the engine's message, the next success turns it 200 again. A probe refused as overloaded
+(429) counts as alive: a busy replica is not a broken one. ``/metrics`` is Prometheus text.
 
 Why a front end and not Triton's own LLM convention (``text_input`` / ``text_output`` BYTES tensors
 with ``sampling_parameters``): the Python backend stub of the Triton 2.51 build we ship (the
@@ -36,7 +42,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +91,8 @@ class ApiConfig:
     api_key: str | None = None  # when set, every /v1 request needs ``Authorization: Bearer <key>``
     max_in_flight: int = 256  # requests this front end holds at once; more get 429
     timeout_s: float = 300.0
+    health_cache_s: float = 2.0  # /health trusts a generation outcome this recent; older: it probes
+    probe_timeout_s: float = 30.0  # how long /health's 1-token probe may take
 
     @property
     def name(self) -> str:
@@ -204,11 +212,54 @@ class StopScan:
 class TritonEngine:
     """Whole answers from the batch model, streams from the streaming model, over one gRPC channel."""
 
-    def __init__(self, cfg: ApiConfig, eos: set[int]) -> None:
+    def __init__(self, cfg: ApiConfig, eos: set[int], probe_ids: list[int] | None = None) -> None:
         import tritonclient.grpc.aio as grpcclient
 
         self.cfg, self.mod, self.eos = cfg, grpcclient, eos
         self.client = grpcclient.InferenceServerClient(cfg.triton_grpc)
+        self.probe_ids = probe_ids or [0]
+        self.last: tuple[float, bool, str] | None = None  # (monotonic time, generated?, error) of the last outcome
+        self.probe_lock = asyncio.Lock()  # one probe at a time, however many health checks wait
+
+    def _record(self, ok: bool, error: str = "") -> None:
+        self.last = (time.monotonic(), ok, error)
+
+    def _outcome(self, e: ApiError) -> ApiError:
+        """Record a failed generation (HTTP 500: the model raised); a refusal says nothing of its health."""
+        if e.status == 500:
+            self._record(False, e.message)
+        return e
+
+    async def health(self) -> tuple[bool, str]:
+        """(ready, why not): the models are loaded and the last generation, or a fresh probe, succeeded."""
+        if not await self.ready():
+            return False, "the model server's models are not ready"
+        async with self.probe_lock:
+            last = self.last
+            if last is not None and time.monotonic() - last[0] < self.cfg.health_cache_s:
+                return last[1], last[2]
+            return await self.probe()
+
+    async def probe(self) -> tuple[bool, str]:
+        """A 1-token greedy generation on the batch model and on the streaming model."""
+        # greedy under a seed of its own: the response cache (its key: the inputs) never answers a probe
+        job = Job(self.probe_ids, 1, 0.0, 1.0, 0, secrets.randbits(62))
+        try:
+            await self.complete(job, self.cfg.probe_timeout_s, fresh=True)
+            if self.cfg.stream_model is not None:
+                pieces = self.stream(job, self.cfg.probe_timeout_s)
+                try:
+                    await pieces.__anext__()
+                finally:
+                    await pieces.aclose()  # type: ignore[attr-defined]
+        except ApiError as e:
+            if e.status == 429:  # busy, not broken
+                return True, ""
+            return False, e.message
+        except StopAsyncIteration:
+            self._record(False, "the streaming model ended the probe without a token")
+            return False, "the streaming model ended the probe without a token"
+        return True, ""
 
     async def close(self) -> None:
         await self.client.close()
@@ -235,19 +286,26 @@ class TritonEngine:
                 tensor("top_k", np.asarray([[job.top_k]], dtype=np.int32), "INT32"),
                 tensor("seed", np.asarray([[job.seed or 0]], dtype=np.int64), "INT64")]
 
-    async def complete(self, job: Job) -> tuple[list[int], str]:
+    async def complete(self, job: Job, timeout_s: float | None = None, fresh: bool = False) -> tuple[list[int], str]:
+        """The batch model's answer; ``fresh``: the job's seed is new to the response cache."""
         from tritonclient.utils import InferenceServerException
 
         try:
-            res = await self.client.infer(self.cfg.model, self._inputs(job), client_timeout=self.cfg.timeout_s)
+            res = await self.client.infer(self.cfg.model, self._inputs(job), client_timeout=timeout_s or self.cfg.timeout_s)
         except InferenceServerException as e:
-            raise engine_error(e) from None
+            raise self._outcome(engine_error(e)) from None
         ids, text = res.as_numpy("output_ids"), res.as_numpy("text")
-        if ids is None or text is None:  # Triton 2.51's response cache replays a refused request's error so
+        if ids is None or text is None:  # Triton 2.51's response cache replays an error as an empty answer
+            if job.temperature == 0 and not fresh:
+                # a greedy answer does not depend on the seed, which is part of the cache key: asking
+                # again under another seed generates (a generation that failed once is not replayed
+                # as failed for good) or says why the request is refused
+                return await self.complete(replace(job, seed=secrets.randbits(62)), timeout_s, fresh=True)
             raise ApiError(400, "the engine answered without outputs (a cached refusal); fix the request")
+        self._record(True)
         return [int(x) for x in ids.reshape(-1)], text.tobytes().decode("utf-8", errors="replace")
 
-    async def stream(self, job: Job) -> AsyncIterator[tuple[list[int], str]]:
+    async def stream(self, job: Job, timeout_s: float | None = None) -> AsyncIterator[tuple[list[int], str]]:
         """(new ids, their text) as the streaming model sends them; ends after ``max_tokens`` tokens or an
         end-of-text id (``eos``), or with the model's error. Closing the iterator cancels the request."""
         import grpc
@@ -260,12 +318,14 @@ class TritonEngine:
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self.cfg.stream_model, "inputs": self._inputs(job)}
 
-        responses = self.client.stream_infer(requests(), stream_timeout=self.cfg.timeout_s)
+        responses = self.client.stream_infer(requests(), stream_timeout=timeout_s or self.cfg.timeout_s)
         got = 0
         try:
             async for result, error in responses:
                 if error is not None:
-                    raise engine_error(error)
+                    raise self._outcome(engine_error(error))
+                if got == 0:
+                    self._record(True)
                 ids = result.as_numpy("output_ids")
                 text = result.as_numpy("text")
                 new = [] if ids is None else [int(x) for x in ids.reshape(-1)]
@@ -274,7 +334,7 @@ class TritonEngine:
                 if got >= job.max_tokens or (new and new[-1] in self.eos):
                     return
         except (InferenceServerException, grpc.RpcError) as e:  # the stream's own call fails as a gRPC error
-            raise engine_error(e) from None
+            raise self._outcome(engine_error(e)) from None
         finally:
             responses.cancel()  # done or abandoned (a stop string, a client gone): the model stops too
 
@@ -362,7 +422,8 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        st.engine = TritonEngine(cfg, st.eos)
+        probe = [int(i) for i in st.tokenizer("Hello", add_special_tokens=True)["input_ids"]]
+        st.engine = TritonEngine(cfg, st.eos, probe)
         try:
             yield
         finally:
@@ -390,8 +451,8 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
 
     @app.get("/health")
     async def health() -> Any:
-        ready = st.engine is not None and await st.engine.ready()
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        ready, why = (False, "starting") if st.engine is None else await st.engine.health()
+        return JSONResponse({"ready": ready, **({} if ready else {"reason": why})}, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Any:
