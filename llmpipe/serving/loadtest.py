@@ -366,6 +366,12 @@ def stream_load_test(url: str, model: str, *, protocol: Protocol = "grpc",
         raise ValueError(f"slo_figure must be one of {SLO_FIGURES}, got {slo_figure!r}")
     levels = [_stream_level(url, model, protocol, c, requests, time.monotonic() + max_seconds, max_tokens,
                             prompts, on_event) for c in concurrency]
+    return _checked_levels(protocol, model, max_tokens, levels, slo_figure, slo_p99_ms)
+
+
+def _checked_levels(protocol: str, model: str, max_tokens: int, levels: list[dict[str, Any]], slo_figure: str,
+                    slo_p99_ms: float | None) -> dict[str, Any]:
+    """The levels' result; RuntimeError when a request failed, SloViolation when a p99 is over the SLO."""
     key = f"{slo_figure}_p99_ms"
     worst = max((lv[key] for lv in levels), default=float("nan"))
     result = {"protocol": protocol, "model": model, "max_tokens": max_tokens, "levels": levels,
@@ -384,6 +390,79 @@ def stream_load_test(url: str, model: str, *, protocol: Protocol = "grpc",
                            f"{slo_p99_ms} ms at concurrency {lv['concurrency']} ({protocol}, "
                            f"p50 {lv[f'{slo_figure}_p50_ms']} ms); deploy.slo_figure names the figure")
     return result
+
+
+def api_stream_level(base_url: str, model: str, *, concurrency: int, requests: int, max_tokens: int,
+                     prompts: Sequence[str] = DEFAULT_PROMPTS, max_seconds: float = 60.0,
+                     api_key: str | None = None) -> dict[str, Any]:
+    """One streaming level through an OpenAI-compatible API (``base_url``: ``http://127.0.0.1:PORT/v1``),
+    whichever engine serves it: ``concurrency`` clients, each streaming one greedy ``/v1/completions``
+    at a time, until ``requests`` are done. A response's tokens are its ``usage.completion_tokens``
+    (``stream_options.include_usage``), its arrivals the events that carried text; the figures are
+    :func:`stream_figures`'. Plain HTTP (httpx), one connection per client, opened before the clock."""
+    import httpx
+
+    _loopback(base_url.split("/v1")[0])
+    records: list[StreamRecord] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    tickets = Tickets(requests, time.monotonic() + max_seconds)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def one(c: Any, prompt: str) -> StreamRecord:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        rec, usage = StreamRecord(time.perf_counter()), None
+        with c.stream("POST", f"{base_url}/completions", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:200]}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    raise RuntimeError(str(event["error"].get("message"))[:200])
+                if event.get("choices") and event["choices"][0].get("text"):
+                    rec.arrivals.append(time.perf_counter())
+                usage = event.get("usage") or usage
+        rec.tokens = int(usage["completion_tokens"]) if usage else len(rec.arrivals)
+        return rec
+
+    def worker(ready: Callable[[], None]) -> None:
+        with httpx.Client(headers=headers, timeout=max(60.0, max_seconds)) as c:
+            try:
+                c.get(f"{base_url}/models").raise_for_status()  # the connection, before the clock starts
+            except Exception as e:  # noqa: BLE001 - counted and reported like a failed request
+                with lock:
+                    errors.append(f"connecting: {str(e)[:200]}")
+                return
+            ready()
+            while (i := tickets.take()) is not None:
+                try:
+                    rec = one(c, prompts[i % len(prompts)])
+                except Exception as e:  # noqa: BLE001 - counted and reported, the run goes on
+                    with lock:
+                        errors.append(str(e)[:200])
+                    continue
+                with lock:
+                    records.append(rec)
+
+    wall = run_clients(worker, concurrency)
+    return {"concurrency": concurrency, **stream_figures(records, wall), "errors": len(errors),
+            "error_samples": errors[:3]}
+
+
+def api_stream_load_test(base_url: str, model: str, *, concurrency: Sequence[int] = (1, 4, 8, 16),
+                         requests: int = 64, max_seconds: float = 60.0, max_tokens: int = 16,
+                         prompts: Sequence[str] = DEFAULT_PROMPTS, slo_figure: str = "e2e",
+                         slo_p99_ms: float | None = None, api_key: str | None = None) -> dict[str, Any]:
+    """:func:`stream_load_test` through an OpenAI-compatible API: the same levels, figures and checks
+    for any engine behind it (ours, or vLLM's own server)."""
+    if slo_figure not in SLO_FIGURES:
+        raise ValueError(f"slo_figure must be one of {SLO_FIGURES}, got {slo_figure!r}")
+    levels = [api_stream_level(base_url, model, concurrency=c, requests=requests, max_tokens=max_tokens,
+                               prompts=prompts, max_seconds=max_seconds, api_key=api_key) for c in concurrency]
+    return _checked_levels("openai", model, max_tokens, levels, slo_figure, slo_p99_ms)
 
 
 def plot_levels(result: dict[str, Any], path: Path) -> Path:

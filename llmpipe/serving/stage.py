@@ -10,7 +10,10 @@ The repository holds the batch model and (``deploy.streaming``) its streaming mo
 smoke-tests both over HTTP and gRPC, and the OpenAI-compatible API in front of them (plain and streamed), load-tests the batch model (latency, throughput, the server's
 batch histogram) and the streaming model at each ``deploy.load_concurrency`` level (TTFT, ITL, e2e
 p50/p90/p99, output tokens/s, requests/s), and fails the release when the p99 of
-``deploy.slo_figure`` is over ``deploy.slo_p99_ms`` at any level. These figures are measurements of
+``deploy.slo_figure`` is over ``deploy.slo_p99_ms`` at any level. With ``deploy.engine: vllm`` the check
+serves the repository's checkpoint with vLLM's own OpenAI server instead (its CPU build, in the
+environment ``scripts/install.sh --test`` builds; skipped, saying so, where it is absent) and runs the
+same OpenAI smoke test and the streaming load test through that API. These figures are measurements of
 one run: they go to the manifest's stats and the ``deploy-latency`` / ``deploy-streaming`` reports,
 not into the files, and the server runs on a copy of the repository (see ``server.serve``), so it
 writes nothing here either.
@@ -19,6 +22,9 @@ writes nothing here either.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from llmpipe.serving.config import DeployConfig
@@ -48,20 +54,20 @@ def run_deploy(ctx: StageContext) -> dict[str, Any]:
     write_model_repository(ckpt, ctx.out / DEPLOY.repository, cfg, version)
     stream_model = cfg.stream_model_name if _streams(cfg) else None
     info = {"model": cfg.model_name, "stream_model": stream_model, "version": version, "backend": cfg.backend,
-            "target": cfg.target, "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,
+            "engine": cfg.engine, "target": cfg.target, "quantize_key": ctx.input_keys.get("quantize"), "ports": PRODUCTION_PORTS,
             "repository": DEPLOY.repository}
     (ctx.out / DEPLOY.info).write_text(json.dumps(info, indent=2) + "\n")
     # compose loads STREAM_MODEL_NAME too: the batch model again where there is no streaming model
     (ctx.out / DEPLOY.env).write_text(f"MODEL_NAME={cfg.model_name}\nSTREAM_MODEL_NAME={stream_model or cfg.model_name}"
                                       f"\nMODEL_VERSION={version}\n")
     ctx.log.info("deploy: %s v%d (%s, %s) from %s", cfg.model_name, version, cfg.backend, cfg.target, ckpt)
-    stats: dict[str, Any] = {"model": cfg.model_name, "version": version, "backend": cfg.backend}
+    stats: dict[str, Any] = {"model": cfg.model_name, "version": version, "backend": cfg.backend, "engine": cfg.engine}
     reason = _skip_reason(cfg)
     if reason:
         ctx.log.warning("deploy: local server check skipped: %s", reason)
         ctx.report_markdown("deploy-check", "Triton local check", f"Skipped: {reason}")
         return {**stats, "verified": False, "verify_skipped": reason}
-    return {**stats, **verify(ctx, cfg)}
+    return {**stats, **(verify_vllm(ctx, cfg) if cfg.engine == "vllm" else verify(ctx, cfg))}
 
 
 def _skip_reason(cfg: DeployConfig) -> str | None:
@@ -71,6 +77,11 @@ def _skip_reason(cfg: DeployConfig) -> str | None:
         return "deploy.verify is false"
     if cfg.backend != "python" or cfg.target != "cpu":
         return f"the local server runs the Python backend on CPU only (backend={cfg.backend}, target={cfg.target})"
+    if cfg.engine == "vllm":
+        from llmpipe.serving.vllm_engine import VENV, vllm_python
+
+        return None if vllm_python() else (f"engine vllm: vLLM is not installed (no {VENV}/bin/python; "
+                                           "scripts/install.sh --test builds it, LLMPIPE_VLLM_PYTHON names another)")
     if not server.available():
         return "no local Triton server (run scripts/install.sh: pip install --no-deps nvidia-pytriton)"
     return None
@@ -118,6 +129,40 @@ def verify(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
         fields += ["slo_figure", "slo_worst_p99_ms"]
     ctx.report_stats("deploy-latency", "Triton load test", fields)
     return stats
+
+
+def verify_vllm(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
+    """``deploy.engine: vllm``: vLLM's OpenAI server on the repository's checkpoint; the OpenAI smoke test
+    and the streaming load test per concurrency level through it."""
+    from llmpipe.serving import loadtest
+    from llmpipe.serving.server import deployed_checkpoint
+    from llmpipe.serving.vllm_engine import vllm_server
+
+    name, checkpoint = deployed_checkpoint(ctx.out / DEPLOY.repository)
+    ctx.progress("start vLLM", 0, 3)
+    with tempfile.TemporaryDirectory(prefix="llmpipe-vllm-") as tmp, \
+            vllm_server(checkpoint, Path(tmp) / "vllm.log", model_name=name, threads=_threads(),
+                        startup_timeout=max(cfg.startup_timeout_s, VLLM_STARTUP_S)) as api:
+        smoke = loadtest.api_smoke_test(api.base_url, name)
+        ctx.progress("streaming load test", 1, 3)
+        stream = loadtest.api_stream_load_test(
+            api.base_url, name, concurrency=cfg.load_concurrency, requests=cfg.load_requests,
+            max_seconds=cfg.load_max_seconds, max_tokens=cfg.load_max_tokens, slo_figure=cfg.slo_figure,
+            slo_p99_ms=cfg.slo_p99_ms)
+    ctx.progress("done", 3, 3)
+    stats = {"verified": True, "smoke": smoke, **{_smoke_key(s): s["latency_ms"] for s in smoke},
+             **_stream_stats(ctx, cfg, stream), "stream_model": name}
+    ctx.report_stats("deploy-latency", "vLLM check (OpenAI API)",
+                     [*(_smoke_key(s) for s in smoke), "slo_figure", "slo_p99_ms", "slo_ok", "slo_worst_p99_ms"])
+    return stats
+
+
+VLLM_STARTUP_S = 600.0  # vLLM's CPU build answered 55 s after start on an idle 2-core machine
+
+
+def _threads() -> int:
+    """vLLM's OpenMP threads: half the cores (the load test's clients need the rest)."""
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def _stream_stats(ctx: StageContext, cfg: DeployConfig, stream: dict[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,11 @@ import pytest
 from llmpipe.serving import server as srv
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.stage import run_deploy
+from llmpipe.serving.vllm_engine import vllm_python
 from llmpipe.stage import STAGES, StageContext, stats_rows
 from llmpipe.store import ArtifactStore
+from tests.conftest import ROOT
+from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint
 
 
 def _ctx(tmp: Path, ckpt_parent: Path, cfg: DeployConfig, key: str) -> StageContext:
@@ -77,3 +80,37 @@ def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) 
     assert reports["deploy-streaming"].kind == "stats-table" and reports["deploy-streaming"].payload == "stream_levels"
     assert reports["deploy-streaming-chart"].kind == "stats-markdown"
     json.dumps(stats)  # the manifest keeps it as JSON
+
+
+def test_engine_vllm_without_vllm_is_skipped_saying_so(tmp_path: Path, tiny_checkpoint: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMPIPE_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    stats = run_deploy(_ctx(tmp_path, tiny_checkpoint, DeployConfig(engine="vllm"), "k1"))
+    assert stats["engine"] == "vllm" and stats["verified"] is False and "vLLM is not installed" in stats["verify_skipped"]
+    assert json.loads((tmp_path / "out-k1" / "deploy.json").read_text())["engine"] == "vllm"
+    with pytest.raises(ValueError, match="engine 'vllm' serves the repository's Hugging Face checkpoint"):
+        DeployConfig(engine="vllm", backend="vllm", target="gpu")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None and vllm_python(base=ROOT) is None,
+                    reason="vLLM (CPU build) is not installed: scripts/install.sh --test builds .venv-vllm; or set "
+                    "LLMPIPE_VLLM_PYTHON")
+def test_stage_verifies_with_the_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deploy.engine: vllm``: the same repository, served by vLLM's OpenAI server; the smoke test and the
+    streaming load test run through the OpenAI API against it."""
+    monkeypatch.setenv("LLMPIPE_VLLM_PYTHON", str(vllm_python() or vllm_python(base=ROOT)))
+    # 4 heads of 32: vLLM's CPU attention refuses the serving fixture's head size of 16
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", hidden=128)
+    cfg = DeployConfig(engine="vllm", load_requests=8, load_max_tokens=4, load_concurrency=[1, 4],
+                       slo_figure="ttft", slo_p99_ms=60_000)
+    ctx = _ctx(tmp_path, ckpt, cfg, "k1")
+    stats = run_deploy(ctx)
+    assert stats["verified"] and stats["engine"] == "vllm" and stats["stream_model"] == "llmpipe_lm"
+    assert [(s["protocol"], s["stream"]) for s in stats["smoke"]] == [("openai", False), ("openai", True)]
+    levels = stats["stream_levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 4] and all(lv["requests"] == 8 for lv in levels)
+    assert all(lv["errors"] == 0 and 0 < lv["ttft_p50_ms"] <= lv["ttft_p99_ms"] for lv in levels)
+    assert all(lv["output_tokens_per_s"] > 0 for lv in levels) and stats["slo_ok"]
+    assert {r.key for r in ctx.reports} >= {"deploy-latency", "deploy-streaming", "deploy-streaming-chart"}
+    json.dumps(stats)
