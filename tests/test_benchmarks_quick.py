@@ -19,11 +19,15 @@ import sys
 
 import pytest
 
+from llmpipe.serving.vllm_engine import vllm_python
 from tests.conftest import ROOT
 
 BENCH = ROOT / "benchmarks"
 RESULT = re.compile(r"RESULT \w+ -?[\d.]+(e-?\d+)? goal (>=|<=|<|>) -?[\d.]+")
 SLOW = pytest.mark.slow
+NEEDS_VLLM = pytest.mark.skipif(vllm_python() is None and vllm_python(base=ROOT) is None,
+                                reason="vLLM (CPU build) is not installed: scripts/install.sh --test builds .venv-vllm; "
+                                "or set LLMPIPE_VLLM_PYTHON")
 # script -> (timeout in seconds, marks). Slow: the quick run starts servers, worker processes or a
 # whole (short) pipeline; the others take seconds.
 QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
@@ -42,6 +46,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "lifecycle.py": (900, (SLOW,)),
     "minhash.py": (300, ()),
     "serve_latency.py": (600, (SLOW,)),
+    "serve_vs_vllm.py": (900, (SLOW, NEEDS_VLLM)),
     "tiny_vs_unigram.py": (900, (SLOW,)),
     "tokenize.py": (300, ()),
     "train_throughput.py": (600, (SLOW,)),
