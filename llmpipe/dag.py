@@ -70,9 +70,15 @@ def section(cfg: PipelineConfig, spec: StageSpec) -> Any:
     return getattr(cfg, spec.config_field) if spec.config_field else None
 
 
+def active_stages(cfg: PipelineConfig) -> dict[str, StageSpec]:
+    """The stages this config runs, in DAG order: an optional stage (``StageSpec.enabled``, e.g. ``sft``)
+    is left out of the plan unless the config turns it on, so it adds no key, no extra and no work."""
+    return {n: s for n, s in load_stages().items() if s.enabled is None or s.enabled(cfg)}
+
+
 def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
     """Every stage's key, in DAG order. Raw sources are hashed here (with a size/mtime fast path)."""
-    stages = load_stages()
+    stages = active_stages(cfg)
     out: dict[str, PlannedStage] = {}
     for name, spec in stages.items():
         sec = section(cfg, spec)
@@ -122,7 +128,7 @@ def check_extras(cfg: PipelineConfig, flow: str | None = None, start: str | None
     No key is computed and nothing is imported: a curation-only install is refused ``pretrain`` in
     milliseconds, not after curating for minutes.
     """
-    missing_extras(selected_stages(load_stages(), flow, start, until), cfg)
+    missing_extras(selected_stages(active_stages(cfg), flow, start, until), cfg)
 
 
 def make_executor(cfg: PipelineConfig) -> ShardExecutor:
