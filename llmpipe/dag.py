@@ -84,10 +84,10 @@ def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
         sec = section(cfg, spec)
         key_config = sec.key_dict() if sec is not None else None
         extra: dict[str, Any] = {}
-        if spec.plan_inputs is not None:  # reads outside the store (ingest: the sources)
-            input_keys, extra = spec.plan_inputs(cfg, state_dir(cfg))
-        else:
-            input_keys = {dep: out[dep].key for dep in spec.inputs}
+        input_keys = {dep: out[dep].key for dep in spec.inputs}
+        if spec.plan_inputs is not None:  # reads outside the store (ingest: the sources; sft: its data)
+            outside, extra = spec.plan_inputs(cfg, state_dir(cfg))
+            input_keys.update(outside)
         key = stage_key(name, spec.version, key_config, input_keys)
         out[name] = PlannedStage(spec, key, key_config, input_keys, extra)
     return out

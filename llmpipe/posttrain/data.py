@@ -11,7 +11,7 @@ A record that fits neither is an error naming the file, the line (row) and the k
 sets are written by code, deterministic, in English, German, French and Spanish: short tasks a
 model of 64 hidden units can learn in a few dozen steps (write a word in capitals, say it twice,
 add two small numbers, name its first letter). In the preference set both answers are correct
-and differ only in their closing sentence, a long polite one (chosen) or a short curt one
+and differ only in their closing sentence, a polite one (chosen) or a shorter curt one
 (rejected), fixed per language, which the SFT data never shows: DPO has something to learn that SFT did not already teach.
 """
 
@@ -76,12 +76,12 @@ TASKS = {  # language -> task -> prompt template
     "es": {"upper": "Escribe esta palabra en mayúsculas: {w}", "twice": "Di esta palabra dos veces: {w}",
            "add": "¿Cuánto es {a} más {b}?", "first": "¿Cuál es la primera letra de {w}?"},
 }
-CLOSINGS = {  # language -> (polite: chosen, curt: rejected); the polite one is longer, so a model that
-    # has not learned the preference finds the curt one more likely (fewer tokens to pay for)
-    "en": ("Happy to help, have a nice day!", "Go away."),
-    "de": ("Gern geschehen, einen schönen Tag noch!", "Geh weg."),
-    "fr": ("Avec plaisir, bonne journée à toi !", "Va-t'en."),
-    "es": ("¡Con mucho gusto, que tengas un buen día!", "Vete."),
+CLOSINGS = {  # language -> (polite: chosen, curt: rejected); the polite one is a little longer, so a
+    # model that has not learned the preference tends to find the curt one more likely (fewer tokens)
+    "en": ("Happy to help!", "Go away."),
+    "de": ("Gern geschehen!", "Geh weg."),
+    "fr": ("Avec plaisir !", "Va-t'en."),
+    "es": ("¡Con gusto!", "Vete."),
 }
 
 
@@ -202,6 +202,25 @@ def load_preferences(sources: list[str], base: Path) -> list[Preference]:
         out += builtin_preferences() if s == BUILTIN_PREFERENCES else \
             [to_preference(r, w) for w, r in _records(s, base)]
     return list(dict.fromkeys(out))
+
+
+def sources_key(sources: list[str], base: Path) -> str:
+    """A content hash of the sources (files' bytes, the built-in sets' records): a stage's key moves
+    when its data does, not only when its paths do."""
+    h = hashlib.sha256()
+    for s in sources:
+        h.update(s.encode() + b"\0")
+        if s in (BUILTIN_INSTRUCTIONS, BUILTIN_PREFERENCES):
+            items = builtin_instructions() if s == BUILTIN_INSTRUCTIONS else builtin_preferences()
+            h.update(json.dumps([x.__dict__ for x in items], ensure_ascii=False).encode())
+            continue
+        path = Path(s) if Path(s).is_absolute() else base / s
+        if not path.exists():
+            raise PostTrainDataError(f"{s}: no such file or folder")
+        for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+            h.update(f.relative_to(path).as_posix().encode() if path.is_dir() else b"")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def is_held_out(prompt: tuple[tuple[str, str], ...], fraction: float) -> bool:

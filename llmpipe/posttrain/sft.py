@@ -108,7 +108,7 @@ def train(model: Any, tokenizer: Any, pairs: list[Pair], *, steps: int, batch_si
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        value = float(loss)
+        value = loss.item()
         if not math.isfinite(value):
             raise FloatingPointError(f"sft: the loss is {value} at step {step}; lower sft.lr")
         log.append({"step": step, "loss": value, "lr": sched.get_last_lr()[0]})

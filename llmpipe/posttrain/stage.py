@@ -90,9 +90,18 @@ def _write_metrics(out: Path, records: list[dict[str, Any]]) -> None:
     (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
+def _data_key(section: str) -> Any:
+    """The stage's ``plan_inputs``: a content hash of its data sources beside its upstream key."""
+    def plan(pipeline: Any, _state_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+        from llmpipe.posttrain.data import sources_key
+
+        return {f"{section}.data": sources_key(getattr(pipeline, section).data, pipeline.base_dir())}, {}
+    return plan
+
+
 # version 1: own loop, response-only loss, the chat template of the tokenizer
 @stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="pretrain", extra="posttrain",
-       enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"))
+       enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"), plan_inputs=_data_key("sft"))
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Supervised fine-tuning on instruction pairs (loss on response tokens only), chat template applied."""
     from llmpipe.posttrain import sft
@@ -125,7 +134,8 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
 
 # version 1: TRL 1.16's DPOTrainer, sigmoid loss, frozen copy of the sft model as reference
 @stage("preference", version="1", inputs=("sft",), config_field="preference", flow="pretrain", extra="posttrain",
-       enabled=lambda cfg: cfg.preference.enabled, requires=("torch", "transformers", "trl"))
+       enabled=lambda cfg: cfg.preference.enabled, requires=("torch", "transformers", "trl"),
+       plan_inputs=_data_key("preference"))
 def run_preference(ctx: StageContext) -> dict[str, Any]:
     """Preference tuning with DPO (TRL) from the sft model; held-out preference accuracy before and after."""
     from llmpipe.posttrain import dpo

@@ -151,8 +151,17 @@ def test_post_training_is_off_unless_the_config_turns_it_on() -> None:
     tiny = plan(load_config(ROOT / "configs" / "tiny.yaml"))
     assert "sft" not in tiny and "preference" not in tiny
     chat = plan(load_config(ROOT / "configs" / "tiny-chat.yaml"))
-    assert chat["sft"].input_keys == {"pretrain": tiny["pretrain"].key}
-    assert chat["preference"].input_keys == {"sft": chat["sft"].key}
+    assert chat["sft"].input_keys["pretrain"] == tiny["pretrain"].key and "sft.data" in chat["sft"].input_keys
+    assert chat["preference"].input_keys["sft"] == chat["sft"].key
     assert all(chat[n].key == tiny[n].key for n in tiny)  # everything else: tiny.yaml's keys
     with pytest.raises(ConfigError, match="preference.enabled: DPO starts from the sft model"):
         load_config(ROOT / "configs" / "tiny.yaml", ["preference.enabled=true"])
+
+
+def test_the_key_follows_the_datas_bytes_not_only_its_path(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "i.jsonl", [{"prompt": "p", "response": "r"}])
+    overrides = ["sft.enabled=true", f"sft.data=[{tmp_path / 'i.jsonl'}]"]
+    first = plan(load_config(ROOT / "configs" / "tiny.yaml", overrides))["sft"].key
+    assert plan(load_config(ROOT / "configs" / "tiny.yaml", overrides))["sft"].key == first
+    write_jsonl(tmp_path / "i.jsonl", [{"prompt": "p", "response": "r2"}])
+    assert plan(load_config(ROOT / "configs" / "tiny.yaml", overrides))["sft"].key != first
