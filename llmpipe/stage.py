@@ -22,7 +22,7 @@ from llmpipe.shard_cache import DONE, run_shard_job
 log = logging.getLogger("llmpipe")
 
 
-FLOWS = ("data_refresh", "pretrain", "release")
+FLOWS = ("data_refresh", "pretrain", "post_train", "release")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from llmpipe.config_base import Section, run_setting
 
 BUILTIN_INSTRUCTIONS = "builtin:instructions"
 BUILTIN_PREFERENCES = "builtin:preferences"
+MIN_NGRAM = 5  # decontamination windows: shorter ones match common phrases, not copies
 
 
 class SftConfig(Section):
@@ -31,6 +32,8 @@ class SftConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     max_length: int = Field(128, gt=8, description="tokens per rendered pair; longer pairs are cut at the end")
     seed: int = 0
+    decontaminate_ngram: int | None = Field(8, ge=MIN_NGRAM, description="drop records sharing a window of this "
+                                            "many words with an item of evaluate's built-in tasks (null: keep all)")
     threads: int = run_setting(0, ge=0, description="torch CPU threads (0: torch's default)")
 
 
@@ -49,6 +52,8 @@ class PreferenceConfig(Section):
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear decay to 0)")
     max_length: int = Field(128, gt=8, description="prompt + completion tokens (longer ones are cut)")
     seed: int = 0
+    decontaminate_ngram: int | None = Field(8, ge=MIN_NGRAM, description="drop records sharing a window of this "
+                                            "many words with an item of evaluate's built-in tasks (null: keep all)")
     threads: int = run_setting(0, ge=0, description="torch CPU threads (0: torch's default)")
 
 

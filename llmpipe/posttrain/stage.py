@@ -86,6 +86,15 @@ def chat_samples(model: Any, tok: Any, prompts: list[Any]) -> list[dict[str, str
     return out
 
 
+def _decontaminated(items: list[Any], ngram: int | None) -> tuple[list[Any], int]:
+    """The records sharing no ``ngram``-word window with evaluate's built-in tasks, and how many went."""
+    if ngram is None:
+        return items, 0
+    from llmpipe.posttrain.decontaminate import decontaminate
+
+    return decontaminate(items, ngram)
+
+
 def _write_metrics(out: Path, records: list[dict[str, Any]]) -> None:
     (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
 
@@ -99,8 +108,8 @@ def _data_key(section: str) -> Any:
     return plan
 
 
-# version 1: own loop, response-only loss, the chat template of the tokenizer
-@stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="pretrain", extra="posttrain",
+# version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
+@stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
        enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"), plan_inputs=_data_key("sft"))
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Supervised fine-tuning on instruction pairs (loss on response tokens only), chat template applied."""
@@ -113,7 +122,8 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
     src = Path(ctx.inputs["pretrain"]) if not cfg.init_from else (
         Path(cfg.init_from) if Path(cfg.init_from).is_absolute() else base / cfg.init_from)
     model, tok = load_model(src, "sft.init_from" if cfg.init_from else "sft (pretrain artifact)")
-    train_pairs, held = split(load_pairs(cfg.data, base), cfg.held_out)
+    pairs, removed = _decontaminated(load_pairs(cfg.data, base), cfg.decontaminate_ngram)
+    train_pairs, held = split(pairs, cfg.held_out)
     t0 = time.time()
     before = sft.response_loss(model, tok, held, cfg.max_length)
     records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
@@ -123,7 +133,8 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
     save_model(model, tok, ctx.out)
     _write_metrics(ctx.out, records)
-    stats = {"init_from": str(cfg.init_from or "pretrain"), "train_pairs": len(train_pairs),
+    stats = {"init_from": str(cfg.init_from or "pretrain"), "pairs_read": len(pairs) + removed,
+             "removed_contaminated": removed, "train_pairs": len(train_pairs),
              "held_out_pairs": len(held), "steps": cfg.max_steps, "first_loss": records[0]["loss"],
              "final_loss": records[-1]["loss"], "held_out_response_loss_before": before,
              "held_out_response_loss": after, "seconds": round(time.time() - t0, 2)}
@@ -133,7 +144,7 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
 
 
 # version 1: TRL 1.16's DPOTrainer, sigmoid loss, frozen copy of the sft model as reference
-@stage("preference", version="1", inputs=("sft",), config_field="preference", flow="pretrain", extra="posttrain",
+@stage("preference", version="1", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain",
        enabled=lambda cfg: cfg.preference.enabled, requires=("torch", "transformers", "trl"),
        plan_inputs=_data_key("preference"))
 def run_preference(ctx: StageContext) -> dict[str, Any]:
@@ -147,7 +158,8 @@ def run_preference(ctx: StageContext) -> dict[str, Any]:
     model, tok = load_model(src, "preference (sft artifact)")
     ref, _ = load_model(src, "preference (sft artifact)")
     ref.requires_grad_(False)
-    train_prefs, held = split(load_preferences(cfg.data, ctx.pipeline.base_dir()), cfg.held_out)
+    prefs, removed = _decontaminated(load_preferences(cfg.data, ctx.pipeline.base_dir()), cfg.decontaminate_ngram)
+    train_prefs, held = split(prefs, cfg.held_out)
     t0 = time.time()
     ref_logps = dpo.pair_logps(ref, tok, held, cfg.max_length)
     before = dpo.preference_stats(model, ref_logps, tok, held, cfg.beta, cfg.max_length)
@@ -163,7 +175,8 @@ def run_preference(ctx: StageContext) -> dict[str, Any]:
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
     _write_metrics(ctx.out, records)
     save_model(model, tok, ctx.out)
-    stats = {"train_pairs": len(train_prefs), "held_out_pairs": len(held), "steps": cfg.max_steps, "beta": cfg.beta,
+    stats = {"pairs_read": len(prefs) + removed, "removed_contaminated": removed,
+             "train_pairs": len(train_prefs), "held_out_pairs": len(held), "steps": cfg.max_steps, "beta": cfg.beta,
              "first_loss": records[0]["loss"] if records else None,
              "final_loss": records[-1]["loss"] if records else None,
              "preference_accuracy_before": before["accuracy"], "preference_accuracy": after["accuracy"],

@@ -165,3 +165,42 @@ def test_the_key_follows_the_datas_bytes_not_only_its_path(tmp_path: Path) -> No
     assert plan(load_config(ROOT / "configs" / "tiny.yaml", overrides))["sft"].key == first
     write_jsonl(tmp_path / "i.jsonl", [{"prompt": "p", "response": "r2"}])
     assert plan(load_config(ROOT / "configs" / "tiny.yaml", overrides))["sft"].key != first
+
+
+def test_decontamination_removes_planted_copies_of_evaluation_items(tmp_path: Path) -> None:
+    """Copies of built-in evaluation items planted in instruction and preference records (a tiny_docs
+    passage inside a prompt, a whole tiny_cloze sentence as a response, a tiny_mc item with its answer in
+    a chosen text, a zh document's characters) are dropped; the built-in sets and near-misses stay."""
+    from llmpipe.posttrain.decontaminate import builtin_eval_texts, decontaminate
+
+    evals = builtin_eval_texts()
+    assert len(evals) == 100  # 48 tiny_mc, 40 tiny_cloze, 12 tiny_docs
+    doc = "The village market opens at seven on Saturday mornings."
+    cloze = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday"
+    zh = next(t for t in evals if "\u4e00" <= t[0] <= "\u9fff")
+    write_jsonl(tmp_path / "i.jsonl", [
+        {"prompt": f"Summarise: {doc.upper()}", "response": "A market."},
+        {"prompt": "List the days.", "response": cloze + "."},
+        {"prompt": "Continue", "response": zh[3:20]},
+        {"prompt": "Keep me: the market opens at seven", "response": "fine"},  # 6 words of it, not 8
+    ])
+    pairs = data.builtin_instructions() + data.load_pairs(["i.jsonl"], tmp_path)
+    kept, removed = decontaminate(pairs, 8)
+    assert removed == 3 and kept == pairs[:320] + pairs[-1:]
+    write_jsonl(tmp_path / "p.jsonl", [
+        {"prompt": "Finish", "chosen": "To keep the bread fresh, she put it in a paper bag.", "rejected": "no"},
+        {"prompt": "Finish", "chosen": "yes", "rejected": "no"}])
+    prefs = data.load_preferences(["p.jsonl"], tmp_path)
+    assert decontaminate(prefs, 8) == (prefs[1:], 1)
+    assert decontaminate(data.builtin_preferences(), 8)[1] == 0
+
+
+def test_the_stage_counts_what_decontamination_removed(tmp_path: Path) -> None:
+    from llmpipe.posttrain.stage import _decontaminated
+
+    pairs = [data.Pair((("user", "Say: once upon a time, numbers one two three four five six seven"),), "ok")]
+    evals = ["once upon a time, numbers one two three four five six seven eight"]
+    from llmpipe.posttrain.decontaminate import decontaminate
+
+    assert decontaminate(pairs, 8, evals) == ([], 1)
+    assert _decontaminated(pairs, None) == (pairs, 0)
