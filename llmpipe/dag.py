@@ -128,7 +128,12 @@ def check_extras(cfg: PipelineConfig, flow: str | None = None, start: str | None
     No key is computed and nothing is imported: a curation-only install is refused ``pretrain`` in
     milliseconds, not after curating for minutes.
     """
-    missing_extras(selected_stages(active_stages(cfg), flow, start, until), cfg)
+    active = active_stages(cfg)
+    for opt, val in (("--from", start), ("--until", until)):
+        if val is not None and val not in active and val in load_stages():
+            raise ValueError(f"{opt} {val}: the stage is off in this config (set {val}'s enabled: true, "
+                             "e.g. configs/tiny-chat.yaml)")
+    missing_extras(selected_stages(active, flow, start, until), cfg)
 
 
 def make_executor(cfg: PipelineConfig) -> ShardExecutor:

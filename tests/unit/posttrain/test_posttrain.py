@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from llmpipe.config import ConfigError, load_config
-from llmpipe.dag import plan
+from llmpipe.dag import check_extras, plan
 from llmpipe.posttrain import data, dpo, sft
 from tests.conftest import ROOT, write_jsonl
 from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint
@@ -154,6 +154,8 @@ def test_post_training_is_off_unless_the_config_turns_it_on() -> None:
     assert chat["sft"].input_keys["pretrain"] == tiny["pretrain"].key and "sft.data" in chat["sft"].input_keys
     assert chat["preference"].input_keys["sft"] == chat["sft"].key
     assert all(chat[n].key == tiny[n].key for n in tiny)  # everything else: tiny.yaml's keys
+    with pytest.raises(ValueError, match="--until sft: the stage is off in this config"):
+        check_extras(load_config(ROOT / "configs" / "tiny.yaml"), until="sft")
     with pytest.raises(ConfigError, match="preference.enabled: DPO starts from the sft model"):
         load_config(ROOT / "configs" / "tiny.yaml", ["preference.enabled=true"])
 
