@@ -67,6 +67,13 @@ def save_model(model: Any, tok: Any, out: Path) -> None:
                                 "pad_token_id": tok.pad_token_id})
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    # transformers writes the loading environment (HF_HUB_OFFLINE -> local_files_only) into the
+    # tokenizer's config: not a property of the tokenizer, and two runs of one key must give one set of bytes
+    cfg_path = out / "tokenizer_config.json"
+    if cfg_path.is_file():
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        if cfg.pop("local_files_only", None) is not None:
+            cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def chat_samples(model: Any, tok: Any, prompts: list[Any]) -> list[dict[str, str]]:

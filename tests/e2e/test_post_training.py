@@ -67,3 +67,27 @@ def test_the_tuned_folder_loads_with_its_template_and_ids(runs: dict, stage: str
     assert out.shape[1] > len(ids)
     steps = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     assert steps and all("loss" in r for r in steps)
+
+
+def test_a_second_run_of_one_key_gives_the_same_bytes(runs: dict, tmp_path: Path) -> None:
+    """sft and preference again into an empty store from the same pretrain artifact (and without
+    HF_HUB_OFFLINE, which transformers once wrote into the tokenizer's config): the same files."""
+    from llmpipe.config import load_config
+    from llmpipe.dag import execute, open_store, plan
+    from llmpipe.store import ArtifactStore
+
+    old = Path.cwd()
+    os.chdir(ROOT)
+    offline = os.environ.pop("HF_HUB_OFFLINE", None)
+    try:
+        cfg = load_config(ROOT / "configs" / "tiny-chat.yaml")
+        planned, store, fresh = plan(cfg), open_store(cfg), ArtifactStore(tmp_path / "store")
+        upstream = {"pretrain": store.get("pretrain", planned["pretrain"].key)}
+        for name in ("sft", "preference"):
+            art, ran, _ = execute(cfg, fresh, planned[name], upstream)
+            assert ran and art.manifest["files"] == store.get(name, planned[name].key).manifest["files"], name
+            upstream[name] = art
+    finally:
+        os.chdir(old)
+        if offline is not None:
+            os.environ["HF_HUB_OFFLINE"] = offline
