@@ -38,12 +38,12 @@ def completion_logps(model: Any, tokenizer: Any, items: list[tuple[Any, str]], m
     model.eval()
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
-            b = collate(rows[i: i + batch_size], tokenizer.pad_token_id)
+            b = {k: v.to(model.device) for k, v in collate(rows[i: i + batch_size], tokenizer.pad_token_id).items()}
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1].float()
             labels = b["labels"][:, 1:]
             mask = labels != IGNORE
             lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-            out += (lp * mask).sum(-1).tolist()
+            out += (lp * mask).sum(-1).cpu().tolist()
     return out
 
 

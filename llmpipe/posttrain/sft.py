@@ -71,7 +71,7 @@ def response_loss(model: Any, tokenizer: Any, pairs: list[Pair], max_length: int
     model.eval()
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
-            b = collate(rows[i: i + batch_size], tokenizer.pad_token_id)
+            b = {k: v.to(model.device) for k, v in collate(rows[i: i + batch_size], tokenizer.pad_token_id).items()}
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
             s, n = response_loss_terms(logits, b["labels"])
             total, count = total + float(s), count + int(n)

@@ -85,7 +85,7 @@ def chat_samples(model: Any, tok: Any, prompts: list[Any]) -> list[dict[str, str
     out = []
     with torch.no_grad():
         for msgs in prompts:
-            ids = tok(render_prompt(tok, msgs), add_special_tokens=False, return_tensors="pt")["input_ids"]
+            ids = tok(render_prompt(tok, msgs), add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
             gen = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False,
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
             out.append({"prompt": msgs[-1]["content"],
@@ -177,7 +177,7 @@ def run_preference(ctx: StageContext) -> dict[str, Any]:
         trainer.train()
         records = [{k: v for k, v in r.items() if k in ("step", "loss", "rewards/margins", "rewards/accuracies")}
                    for r in trainer.state.log_history if "loss" in r]
-    model = trainer.model
+    model = trainer.model  # on the trainer's device (a GPU when there is one); measured there
     after = dpo.preference_stats(model, ref_logps, tok, held, cfg.beta, cfg.max_length)
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
     _write_metrics(ctx.out, records)
