@@ -18,7 +18,7 @@ from llmpipe.pipeline import MissingExtra
 from llmpipe.sources import SourceError
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
-FLOW_NAMES = ("lifecycle", "data_refresh", "pretrain", "release")
+FLOW_NAMES = ("lifecycle", "data_refresh", "pretrain", "post_train", "release")
 
 
 def _load(args: argparse.Namespace) -> PipelineConfig:

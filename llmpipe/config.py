@@ -27,6 +27,7 @@ from llmpipe.curation.dimensions_config import (
 )
 from llmpipe.curation.entities.config import EntitiesConfig
 from llmpipe.evaluation.config import EvaluateConfig
+from llmpipe.posttrain.config import PreferenceConfig, SftConfig, check_enabled
 from llmpipe.quantization.config import QuantizeConfig
 from llmpipe.serving.config import DeployConfig
 from llmpipe.tokenization.config import TokenizeConfig, TokenizerConfig
@@ -108,6 +109,8 @@ class PipelineConfig(Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     quantize: QuantizeConfig = Field(default_factory=QuantizeConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
@@ -121,6 +124,7 @@ class PipelineConfig(Section):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"sources: names must be unique, repeated: {', '.join(dup)}")
+        check_enabled(self.sft, self.preference)
         return self
 
     def base_dir(self) -> Path:

@@ -70,18 +70,24 @@ def section(cfg: PipelineConfig, spec: StageSpec) -> Any:
     return getattr(cfg, spec.config_field) if spec.config_field else None
 
 
+def active_stages(cfg: PipelineConfig) -> dict[str, StageSpec]:
+    """The stages this config runs, in DAG order: an optional stage (``StageSpec.enabled``, e.g. ``sft``)
+    is left out of the plan unless the config turns it on, so it adds no key, no extra and no work."""
+    return {n: s for n, s in load_stages().items() if s.enabled is None or s.enabled(cfg)}
+
+
 def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
     """Every stage's key, in DAG order. Raw sources are hashed here (with a size/mtime fast path)."""
-    stages = load_stages()
+    stages = active_stages(cfg)
     out: dict[str, PlannedStage] = {}
     for name, spec in stages.items():
         sec = section(cfg, spec)
         key_config = sec.key_dict() if sec is not None else None
         extra: dict[str, Any] = {}
-        if spec.plan_inputs is not None:  # reads outside the store (ingest: the sources)
-            input_keys, extra = spec.plan_inputs(cfg, state_dir(cfg))
-        else:
-            input_keys = {dep: out[dep].key for dep in spec.inputs}
+        input_keys = {dep: out[dep].key for dep in spec.inputs}
+        if spec.plan_inputs is not None:  # reads outside the store (ingest: the sources; sft: its data)
+            outside, extra = spec.plan_inputs(cfg, state_dir(cfg))
+            input_keys.update(outside)
         key = stage_key(name, spec.version, key_config, input_keys)
         out[name] = PlannedStage(spec, key, key_config, input_keys, extra)
     return out
@@ -122,7 +128,12 @@ def check_extras(cfg: PipelineConfig, flow: str | None = None, start: str | None
     No key is computed and nothing is imported: a curation-only install is refused ``pretrain`` in
     milliseconds, not after curating for minutes.
     """
-    missing_extras(selected_stages(load_stages(), flow, start, until), cfg)
+    active = active_stages(cfg)
+    for opt, val in (("--from", start), ("--until", until)):
+        if val is not None and val not in active and val in load_stages():
+            raise ValueError(f"{opt} {val}: the stage is off in this config (set {val}'s enabled: true, "
+                             "e.g. configs/tiny-chat.yaml)")
+    missing_extras(selected_stages(active, flow, start, until), cfg)
 
 
 def make_executor(cfg: PipelineConfig) -> ShardExecutor:

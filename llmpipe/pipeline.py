@@ -23,6 +23,7 @@ STAGE_MODULES = [
     "llmpipe.tokenization.tokenizer",  # byte-level BPE train or load
     "llmpipe.tokenization.stage",  # tokenize: encode, split, mix, pack
     "llmpipe.training.stage",  # pretrain: torchrun / DeepSpeed workers
+    "llmpipe.posttrain.stage",  # sft, preference (DPO): optional, after pretrain
     "llmpipe.evaluation.stage",  # evaluate: ppl, bits/byte, accuracy, samples, regression table
     "llmpipe.quantization.stage",  # quantize: AWQ W4 / int8 dynamic behind the quality gate
     "llmpipe.serving.stage",  # deploy: Triton model repository, smoke and load test
@@ -39,6 +40,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "tokenize": ("tokenizers", "transformers"),
     "train": ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "deepspeed", "matplotlib",
               "tensorboard"),
+    "posttrain": ("trl",),
     "eval": ("lm_eval",),
     "quantize": ("llmcompressor", "compressed_tensors"),
     "serve": ("tritonclient", "fastapi", "uvicorn", "prometheus_client", "openai"),

@@ -22,7 +22,7 @@ from llmpipe.shard_cache import DONE, run_shard_job
 log = logging.getLogger("llmpipe")
 
 
-FLOWS = ("data_refresh", "pretrain", "release")
+FLOWS = ("data_refresh", "pretrain", "post_train", "release")
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,10 @@ def stage(
     of its family. A run checks them for the stages it selects, before any work
     (``llmpipe.pipeline.missing_extras``), instead of failing at the first import mid-run.
 
-    ``plan_inputs``: for a stage whose inputs are outside the store (ingest reads the sources). The
-    planner calls it instead of taking upstream keys: it returns the stage's input keys (content
-    hashes, so the stage key changes when the data does) and facts the run needs (``ctx.extra``).
+    ``plan_inputs``: for a stage that reads from outside the store (ingest: the sources; sft: its
+    instruction data). The planner adds what it returns to the upstream stages' keys: the stage's
+    outside input keys (content hashes, so the stage key changes when the data does) and facts the
+    run needs (``ctx.extra``).
     """
     if flow not in FLOWS:
         raise ValueError(f"stage {name!r}: flow must be one of {FLOWS}, got {flow!r}")

@@ -39,6 +39,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "dedup_memory.py": (300, (SLOW,)),
     "dedup_quality.py": (300, ()),  # the must-show precision / recall and cluster cost, small
     "dedup_refresh.py": (300, (SLOW,)),
+    "dpo.py": (300, (SLOW,)),  # sft and DPO (TRL) steps on a random tiny model
     "diversity.py": (300, (SLOW,)),
     "entities.py": (300, ()),
     "ingest.py": (300, ()),

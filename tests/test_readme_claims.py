@@ -175,12 +175,19 @@ _PROGRESS = re.compile(r"^\[\s*(\d+)/(\d+)\]\s+(\S+)", re.M)
 _TABLE_ROW = re.compile(r"^(\w+)\s+[0-9a-f]{12}\s+(?:ran|cached)\b", re.M)
 
 
+def default_stages() -> list[str]:
+    """The stages a config runs unless it turns an optional one on (``sft``, ``preference``): what a
+    sample run of configs/tiny.yaml shows, the DAG line and "N stages" count."""
+    from llmpipe.config import load_config
+    from llmpipe.dag import active_stages
+
+    return list(active_stages(load_config()))
+
+
 def stage_count_problems(rel: str, root: Path = ROOT) -> list[str]:
     """A sample run in a fenced block shows every registered stage, numbered ``[i/N]`` in DAG order, and its
     stage table names registered stages only; "N stages" in the prose is the registry's count."""
-    from llmpipe.pipeline import load_stages
-
-    order = list(load_stages())
+    order = default_stages()
     bad = []
     for _, body in _fences(rel, root):
         lines = _PROGRESS.findall(body)
@@ -365,9 +372,7 @@ def _copy_pages(tmp: Path) -> Path:
 
 
 def test_a_stale_stage_count_in_a_fenced_block_fails(tmp_path: Path) -> None:
-    from llmpipe.pipeline import load_stages
-
-    n = len(load_stages())
+    n = len(default_stages())
     root = _copy_pages(tmp_path)
     for page in ("README.md", "docs/getting-started.md"):
         assert not stage_count_problems(page, root)
@@ -612,11 +617,11 @@ def test_source_hash_cache_trusts_size_and_mtime_else_hashes(tmp_path: Path) -> 
 def test_the_dag_line_and_the_stage_table_are_the_registered_stages_in_order() -> None:
     from llmpipe.pipeline import load_stages
 
-    order = list(load_stages())
+    order = default_stages()  # the optional stages are in the stage table, not on the DAG line
     for page in ("README.md", "docs/index.md"):
         line = next(x for x in _text(page).splitlines() if x.startswith("ingest → "))
         assert line.split(" → ") == order, f"{page}'s DAG line vs `llmpipe stages`: {order}"
-    assert [_ticked(cells[0])[0] for cells in _table(_text("docs/stages/index.md"), "stage")] == order
+    assert [_ticked(cells[0])[0] for cells in _table(_text("docs/stages/index.md"), "stage")] == list(load_stages())
 
 
 def test_every_stage_has_a_section_on_its_family_page() -> None:

@@ -1,0 +1,196 @@
+"""The post-training stages: ``sft`` (after pretrain) and ``preference`` (DPO, after sft).
+
+Both are optional (``sft.enabled`` / ``preference.enabled``, off by default: the plan leaves them out,
+see ``llmpipe.dag.active_stages``). Each artifact is a ``save_pretrained`` folder at its root, like
+pretrain's: ``AutoModelForCausalLM.from_pretrained(artifact)`` and ``AutoTokenizer.from_pretrained``
+load it, with the tokenizer's chat template and its bos / eos / pad ids in ``config.json`` and
+``generation_config.json``; beside it ``metrics.jsonl`` (one record per step: results only, so a key
+gives the same bytes at the same thread count). Held-out measures and chat samples are in the stats.
+
+``sft`` tunes the pretrain artifact, or ``sft.init_from`` (any causal-LM folder; its path is in the
+key, not its bytes: point it at a content-addressed folder, or change the path when the weights
+change). ``preference`` tunes the sft model against a frozen copy of itself.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from llmpipe.stage import StageContext, stage
+
+METRICS = "metrics.jsonl"  # one results-only record per optimizer step
+SAMPLE_PROMPTS = 4  # held-out prompts answered greedily through the chat template, in the stats
+SAMPLE_TOKENS = 24
+
+
+class PostTrainError(RuntimeError):
+    """A post-training stage that cannot start; the message names the key."""
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+
+
+def load_model(path: Path, key: str) -> tuple[Any, Any]:
+    """(model in fp32, tokenizer) of a causal-LM folder; the tokenizer gets the project's chat template
+    if it has none (as the tokenizer stage gives a pretrained tokenizer), and must have an eos token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llmpipe.tokenization.tokenizer import CHAT_TEMPLATE
+
+    if not (path / "config.json").is_file():
+        raise PostTrainError(f"{key}: {path} is no causal-LM checkpoint folder (no config.json)")
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.eos_token_id is None:
+        raise PostTrainError(f"{key}: the tokenizer in {path} defines no eos token (a response needs its end)")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    if not getattr(tok, "chat_template", None):
+        tok.chat_template = CHAT_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, tok
+
+
+def save_model(model: Any, tok: Any, out: Path) -> None:
+    """The folder ``from_pretrained`` loads: weights, tokenizer with its chat template, special ids."""
+    from llmpipe.training.model import ready_for_inference
+
+    ready_for_inference(model, {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+                                "pad_token_id": tok.pad_token_id})
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    # transformers writes the loading environment (HF_HUB_OFFLINE -> local_files_only) into the
+    # tokenizer's config: not a property of the tokenizer, and two runs of one key must give one set of bytes
+    cfg_path = out / "tokenizer_config.json"
+    if cfg_path.is_file():
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        if cfg.pop("local_files_only", None) is not None:
+            cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def chat_samples(model: Any, tok: Any, prompts: list[Any]) -> list[dict[str, str]]:
+    """Greedy answers to a few prompts rendered with the chat template (what the chat endpoint does)."""
+    import torch
+
+    from llmpipe.posttrain.sft import render_prompt
+
+    out = []
+    with torch.no_grad():
+        for msgs in prompts:
+            ids = tok(render_prompt(tok, msgs), add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
+            gen = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            out.append({"prompt": msgs[-1]["content"],
+                        "answer": tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)})
+    return out
+
+
+def _decontaminated(items: list[Any], ngram: int | None) -> tuple[list[Any], int]:
+    """The records sharing no ``ngram``-word window with evaluate's built-in tasks, and how many went."""
+    if ngram is None:
+        return items, 0
+    from llmpipe.posttrain.decontaminate import decontaminate
+
+    return decontaminate(items, ngram)
+
+
+def _write_metrics(out: Path, records: list[dict[str, Any]]) -> None:
+    (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _data_key(section: str) -> Any:
+    """The stage's ``plan_inputs``: a content hash of its data sources beside its upstream key."""
+    def plan(pipeline: Any, _state_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+        from llmpipe.posttrain.data import sources_key
+
+        return {f"{section}.data": sources_key(getattr(pipeline, section).data, pipeline.base_dir())}, {}
+    return plan
+
+
+# version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
+@stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
+       enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"), plan_inputs=_data_key("sft"))
+def run_sft(ctx: StageContext) -> dict[str, Any]:
+    """Supervised fine-tuning on instruction pairs (loss on response tokens only), chat template applied."""
+    from llmpipe.posttrain import sft
+    from llmpipe.posttrain.data import load_pairs, split
+
+    cfg = ctx.config
+    _threads(cfg.threads)
+    base = ctx.pipeline.base_dir()
+    src = Path(ctx.inputs["pretrain"]) if not cfg.init_from else (
+        Path(cfg.init_from) if Path(cfg.init_from).is_absolute() else base / cfg.init_from)
+    model, tok = load_model(src, "sft.init_from" if cfg.init_from else "sft (pretrain artifact)")
+    pairs, removed = _decontaminated(load_pairs(cfg.data, base), cfg.decontaminate_ngram)
+    train_pairs, held = split(pairs, cfg.held_out)
+    t0 = time.time()
+    before = sft.response_loss(model, tok, held, cfg.max_length)
+    records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                        weight_decay=cfg.weight_decay, max_length=cfg.max_length, seed=cfg.seed,
+                        on_step=lambda s, _loss: ctx.progress("sft steps", s, cfg.max_steps))
+    after = sft.response_loss(model, tok, held, cfg.max_length)
+    samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
+    save_model(model, tok, ctx.out)
+    _write_metrics(ctx.out, records)
+    stats = {"init_from": str(cfg.init_from or "pretrain"), "pairs_read": len(pairs) + removed,
+             "removed_contaminated": removed, "train_pairs": len(train_pairs),
+             "held_out_pairs": len(held), "steps": cfg.max_steps, "first_loss": records[0]["loss"],
+             "final_loss": records[-1]["loss"], "held_out_response_loss_before": before,
+             "held_out_response_loss": after, "seconds": round(time.time() - t0, 2)}
+    ctx.report_stats("sft-summary", "Supervised fine-tuning", list(stats))
+    ctx.report_table("sft-samples", "Chat samples (held-out prompts, greedy)", samples)
+    return {**stats, "samples": samples}
+
+
+# version 1: TRL 1.16's DPOTrainer, sigmoid loss, frozen copy of the sft model as reference
+@stage("preference", version="1", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain",
+       enabled=lambda cfg: cfg.preference.enabled, requires=("torch", "transformers", "trl"),
+       plan_inputs=_data_key("preference"))
+def run_preference(ctx: StageContext) -> dict[str, Any]:
+    """Preference tuning with DPO (TRL) from the sft model; held-out preference accuracy before and after."""
+    from llmpipe.posttrain import dpo
+    from llmpipe.posttrain.data import load_preferences, split
+
+    cfg = ctx.config
+    _threads(cfg.threads)
+    src = Path(ctx.inputs["sft"])
+    model, tok = load_model(src, "preference (sft artifact)")
+    ref, _ = load_model(src, "preference (sft artifact)")
+    ref.requires_grad_(False)
+    prefs, removed = _decontaminated(load_preferences(cfg.data, ctx.pipeline.base_dir()), cfg.decontaminate_ngram)
+    train_prefs, held = split(prefs, cfg.held_out)
+    t0 = time.time()
+    ref_logps = dpo.pair_logps(ref, tok, held, cfg.max_length)
+    before = dpo.preference_stats(model, ref_logps, tok, held, cfg.beta, cfg.max_length)
+    with tempfile.TemporaryDirectory(prefix="llmpipe-dpo-") as run_dir:
+        trainer = dpo.make_trainer(model, ref, tok, train_prefs, out_dir=Path(run_dir), steps=cfg.max_steps,
+                                   batch_size=cfg.batch_size, lr=cfg.lr, beta=cfg.beta,
+                                   max_length=cfg.max_length, seed=cfg.seed)
+        trainer.train()
+        records = [{k: v for k, v in r.items() if k in ("step", "loss", "rewards/margins", "rewards/accuracies")}
+                   for r in trainer.state.log_history if "loss" in r]
+    model = trainer.model  # on the trainer's device (a GPU when there is one); measured there
+    after = dpo.preference_stats(model, ref_logps, tok, held, cfg.beta, cfg.max_length)
+    samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
+    _write_metrics(ctx.out, records)
+    save_model(model, tok, ctx.out)
+    stats = {"pairs_read": len(prefs) + removed, "removed_contaminated": removed,
+             "train_pairs": len(train_prefs), "held_out_pairs": len(held), "steps": cfg.max_steps, "beta": cfg.beta,
+             "first_loss": records[0]["loss"] if records else None,
+             "final_loss": records[-1]["loss"] if records else None,
+             "preference_accuracy_before": before["accuracy"], "preference_accuracy": after["accuracy"],
+             "preference_accuracy_gain": after["accuracy"] - before["accuracy"],
+             "reward_margin": after["reward_margin"], "reward_accuracy": after["reward_accuracy"],
+             "held_out_dpo_loss_before": before["loss"], "held_out_dpo_loss": after["loss"],
+             "seconds": round(time.time() - t0, 2)}
+    ctx.report_stats("preference-summary", "Preference tuning (DPO)", list(stats))
+    ctx.report_table("preference-samples", "Chat samples after DPO (held-out prompts, greedy)", samples)
+    return {**stats, "samples": samples}
