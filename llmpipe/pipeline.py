@@ -111,7 +111,15 @@ def load_stages() -> dict[str, StageSpec]:
     """Import every stage module and return the registered stages in DAG order."""
     for mod in STAGE_MODULES:
         importlib.import_module(mod)
-    return dict((s.name, s) for s in topological_order(STAGES))
+    return dict((s.name, s) for s in topological_order(by_module_order(STAGES)))
+
+
+def by_module_order(stages: dict[str, StageSpec]) -> dict[str, StageSpec]:
+    """The stages in ``STAGE_MODULES``' order (registration order within a module; stages of other
+    modules after them), so the DAG's order does not depend on which module a caller imported first."""
+    rank = {m: i for i, m in enumerate(STAGE_MODULES)}
+    order = sorted(stages.values(), key=lambda s: rank.get(s.fn.__module__, len(rank)))
+    return {s.name: s for s in order}
 
 
 def topological_order(stages: dict[str, StageSpec]) -> list[StageSpec]:
