@@ -41,6 +41,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "langid.py": (300, ()),
     "lifecycle.py": (900, (SLOW,)),
     "minhash.py": (300, ()),
+    "scale.py": (300, (SLOW,)),
     "serve_latency.py": (600, (SLOW,)),
     "tiny_vs_unigram.py": (900, (SLOW,)),
     "tokenize.py": (300, ()),
