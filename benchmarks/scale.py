@@ -246,7 +246,7 @@ def main() -> None:
         return
     if args.quick:
         args.shard_docs = 1000
-    sizes = [2000, 8000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    sizes = [1000, 4000] if args.quick else [int(s) for s in args.sizes.split(",")]
     peaks = {n: show(measure(n, args)) for n in sizes}
     lo, hi = min(sizes), max(sizes)
     growth = peaks[hi] / peaks[lo]

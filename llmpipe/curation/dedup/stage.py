@@ -259,7 +259,7 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
     sig_store = core.SigStore([])
     ids = _Ids()
     exact_index = core.ExactIndex(work / "exact")
-    old_keepers = []
+    old_keeper_arr = _disk_array(work / "old-keepers.npy", sum(p["n"] for p in prev[1]["shards"]) if prev else 0)
     first = 0
     for k in range(n_old):
         s, ps = shards[k], prev[1]["shards"][k]
@@ -276,10 +276,9 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         eh = t.column("exact_hash").to_numpy()
         uniq = np.flatnonzero(st != core.EXACT)
         exact_index.add_run(eh[uniq], first + uniq)
-        old_keepers.append(t.column("keeper").to_numpy())
+        old_keeper_arr[first : first + ps["n"]] = t.column("keeper").to_numpy()
         first += ps["n"]
     n_old_docs = first
-    old_keeper_arr = np.concatenate(old_keepers) if old_keepers else np.zeros(0, np.int64)
     timings["load_previous"] = time.perf_counter() - t0
 
     # 2. signatures of the new shards, in parallel and cached per shard
@@ -326,7 +325,9 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
 
     # 4. clusters: each new doc joins the first verified keeper among its anchors' keepers (core's rule)
     t3 = time.perf_counter()
-    keeper_new = np.arange(n_old_docs, first, dtype=np.int64)  # by (global index - n_old_docs)
+    keeper_new = _disk_array(work / "keepers.npy", first - n_old_docs)  # by (global index - n_old_docs)
+    for a in range(0, len(keeper_new), 1 << 20):  # each new document its own keeper, a chunk at a time
+        keeper_new[a : a + (1 << 20)] = np.arange(n_old_docs + a, n_old_docs + min(a + (1 << 20), len(keeper_new)))
     texts = core.ShingleSets(lambda text, lang: shingles(
         text, word_ngram=params["word_ngram"], char_ngram=params["char_ngram"], lang=lang,
         char_ratio=params["char_script_ratio"]), max_bytes=int(cfg.memory_budget_mb * (1 << 20)) // 2)
@@ -393,6 +394,14 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
             "shards": [{"name": s["name"], "sha256": s["sha256"], "n": n} for s, n in zip(shards, sizes, strict=True)]}
     (index_dir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return stats
+
+
+def _disk_array(path: Path, n: int) -> np.ndarray:
+    """An int64 array of ``n`` in a file (memory-mapped): the keeper arrays are 8 bytes a document,
+    so they live on disk, and the page cache, not the process, holds what the decisions touch."""
+    if n == 0:  # an empty file cannot be mapped
+        return np.zeros(0, np.int64)
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.int64, shape=(n,))
 
 
 def exact_index_mask(docs_parquet: Path) -> np.ndarray:
