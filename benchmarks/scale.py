@@ -192,7 +192,8 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             stages[name] = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0,
                             "peak_mb": sampler.peak / 2**20}
     st = arts["dedup"].stats
-    return {"docs": docs, "gen_s": gen_s, "planted": planted, "stages": stages,
+    dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "seconds")}
+    return {"docs": docs, "gen_s": gen_s, "planted": planted, "stages": stages, "dedup": dedup,
             "ingested": arts["ingest"].stats.get("ingested"), "kept": st.get("kept"),
             "maxrss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "maxrss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
@@ -227,6 +228,7 @@ def show(r: dict[str, Any]) -> float:
           f"{r['docs'] / total:,.0f} docs/s; peak RSS {peak:.0f} MiB (process tree)", flush=True)
     for name, s in r["stages"].items():
         print(f"   {name:10s} wall {s['wall']:8.2f}s  driver cpu {s['cpu']:8.2f}s  peak {s['peak_mb']:7.0f} MiB")
+    print(f"   dedup: {r['dedup']}")
     print(f"   ru_maxrss: driver {r['maxrss_self_mb']:.0f} MiB, largest reaped child {r['maxrss_children_mb']:.0f} MiB")
     return peak
 
