@@ -8,11 +8,12 @@ peak resident memory of the whole process tree (this process and its shard worke
 20 ms with psutil; ``ru_maxrss`` of the process and of its reaped children is printed beside it as
 a check the sampler cannot miss a spike of the driver).
 
-The corpus is realistic mixed text: each document is three to five paragraphs of English prose
-(Python's bundled documentation) in a random order, plus a document number; mixed into it:
+The corpus is realistic mixed text: each document is three to five paragraphs of three to six
+English sentences (prose from Python's bundled documentation, ~450 distinct sentences)
+in a random order, plus a document number; mixed into it:
 
 - 2% exact duplicates of an earlier document,
-- 3% near duplicates (one word in ~25 replaced),
+- 3% near duplicates (one word in ~100 replaced: 5-shingle Jaccard ~0.9),
 - 1% one boilerplate cluster of many near-identical pages (the same ~300-word page, one word
   different per page): the case where all-pairs LSH candidates grow with the square of a bucket,
 - 1% short non-English documents (German and French sentences) that langid drops.
@@ -60,30 +61,36 @@ FOREIGN = (
 SHARD_DOCS = 20_000  # rows per source file (a crawl's part files)
 
 
-def _prose(p: str) -> bool:
+def _prose(s: str) -> bool:
     """Running prose, not code or a grammar rule: what a quality filter should keep."""
     from llmpipe.curation.text import split_words
 
-    words = split_words(p, "en")  # punctuation counts as words, as in Gopher's alpha rule
-    plain = sum(any(c.isalpha() for c in w) for w in words) / len(words)
-    return plain >= 0.88 and not re.search(r"[>{}\[\]=*_`]|::", p) and p.endswith(".")
+    if len(s.split()) < 6 or not s.endswith(".") or re.search(r"[>{}\[\]=*_`]|::", s):
+        return False
+    words = split_words(s, "en")  # punctuation counts as words, as in Gopher's alpha rule
+    return sum(any(c.isalpha() for c in w) for w in words) / len(words) >= 0.88
 
 
-def paragraphs() -> list[str]:
-    """English prose paragraphs of 12+ words from Python's bundled docs (real text, no download)."""
+def sentences() -> list[str]:
+    """English prose sentences from Python's bundled docs (real text, no download; ~450 of them).
+
+    Documents are built from sentences, so two documents rarely share more than one or two (built
+    from whole paragraphs of a small pool, many pairs of documents would share half their text and
+    LSH candidates would grow with the square of the corpus)."""
     from pydoc_data.topics import topics
 
     paras = (" ".join(p.split()) for t in topics.values() for p in t.split("\n\n"))
-    return [p for p in paras if len(p.split()) >= 12 and _prose(p)]
+    return sorted({s.strip() for p in paras for s in re.split(r"(?<=\.) (?=[A-Z])", p) if _prose(s.strip())})
 
 
-def _doc_text(rng: random.Random, paras: list[str], n: int) -> str:
-    return "\n\n".join(rng.sample(paras, rng.randint(3, 5))) + f"\n\nDocument {n}."
+def _doc_text(rng: random.Random, sents: list[str], n: int) -> str:
+    paras = (" ".join(rng.sample(sents, rng.randint(3, 6))) for _ in range(rng.randint(3, 5)))
+    return "\n\n".join(paras) + f"\n\nDocument {n}."
 
 
 def _near(rng: random.Random, text: str) -> str:
     words = text.split(" ")
-    for pos in rng.sample(range(len(words)), max(1, len(words) // 25)):
+    for pos in rng.sample(range(len(words)), max(1, len(words) // 100)):  # Jaccard ~0.9: a near copy
         words[pos] = f"x{rng.randrange(10**9)}"
     return " ".join(words)
 
@@ -91,9 +98,9 @@ def _near(rng: random.Random, text: str) -> str:
 def make_corpus(root: Path, docs: int, shard_docs: int = SHARD_DOCS, seed: int = 0) -> dict[str, int]:
     """JSONL part files of ``docs`` documents; returns the planted counts. Streams: O(1) memory
     beyond a bounded pool of earlier texts to copy from."""
-    paras = paragraphs()
+    sents = sentences()
     rng = random.Random(seed)
-    page = " ".join(rng.choice(paras) for _ in range(30)).split(" ")[:300]  # the boilerplate page
+    page = " ".join(rng.sample(sents, 40)).split(" ")[:300]  # the boilerplate page
     pool: list[str] = []
     counts = {"exact": 0, "near": 0, "boilerplate": 0, "foreign": 0}
     root.mkdir(parents=True, exist_ok=True)
@@ -113,7 +120,7 @@ def make_corpus(root: Path, docs: int, shard_docs: int = SHARD_DOCS, seed: int =
         elif r < 0.07:
             text, kind = " ".join(rng.sample(FOREIGN, 2)) + f" {n}", "foreign"
         else:
-            text, kind = _doc_text(rng, paras, n), None
+            text, kind = _doc_text(rng, sents, n), None
             if len(pool) < 10_000:
                 pool.append(text)
             else:
