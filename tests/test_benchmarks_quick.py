@@ -46,6 +46,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "langid.py": (300, ()),
     "lifecycle.py": (900, (SLOW,)),
     "minhash.py": (300, ()),
+    "scale.py": (300, (SLOW,)),
     "serve_latency.py": (600, (SLOW,)),
     "serve_vs_vllm.py": (900, (SLOW, NEEDS_VLLM)),
     "tiny_vs_unigram.py": (900, (SLOW,)),

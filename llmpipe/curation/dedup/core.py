@@ -84,35 +84,54 @@ class SigStore:
 
 
 class ExactIndex:
-    """Normalized-text hashes of exact-unique documents -> the global index of that document."""
+    """Normalized-text hashes of exact-unique documents -> the global index of that document.
 
-    def __init__(self, hashes: np.ndarray | None = None, docs: np.ndarray | None = None) -> None:
-        h = hashes if hashes is not None else np.zeros(0, np.uint64)
-        d = docs if docs is not None else np.zeros(0, np.int64)
-        order = np.argsort(h, kind="stable")
-        self.hashes, self.docs = h[order], d[order]
+    On disk, out of core: one sorted run of ``(hash, doc)`` per shard in ``folder`` (each hash is
+    in exactly one run: the earliest document's); a lookup memory-maps each run in turn and drops
+    the mapping, so memory holds one shard's arrays whatever the corpus size (16 bytes a document
+    in memory would be 32 MB at 2M documents and 16 GB at a billion, plus the sort's copies).
+    A lookup reads every run: time grows with shards x shard size (a few seconds at 100 shards).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.runs = 0
+
+    def add_run(self, hashes: np.ndarray, docs: np.ndarray) -> None:
+        """Register distinct hashes (not in any earlier run) of the documents ``docs``."""
+        if not len(hashes):
+            return
+        order = np.argsort(hashes, kind="stable")
+        np.save(self.folder / f"{self.runs:08d}-h.npy", np.asarray(hashes, np.uint64)[order])
+        np.save(self.folder / f"{self.runs:08d}-d.npy", np.asarray(docs, np.int64)[order])
+        self.runs += 1
+
+    def _lookup(self, hashes: np.ndarray) -> np.ndarray:
+        target = np.full(len(hashes), -1, dtype=np.int64)
+        for r in range(self.runs):
+            h = np.load(self.folder / f"{r:08d}-h.npy", mmap_mode="r")
+            pos = np.minimum(np.searchsorted(h, hashes), len(h) - 1)
+            hit = np.flatnonzero((np.asarray(h[pos]) == hashes) & (target < 0))
+            if len(hit):
+                d = np.load(self.folder / f"{r:08d}-d.npy", mmap_mode="r")
+                target[hit] = d[pos[hit]]
+                del d
+            del h  # drop the mapping so its pages leave the resident set
+        return target
 
     def lookup_and_add(self, first: int, hashes: np.ndarray) -> np.ndarray:
         """For one shard's hashes: target global index of an earlier same-text doc, or -1."""
-        target = np.full(len(hashes), -1, dtype=np.int64)
-        if len(self.hashes):
-            pos = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-            hit = self.hashes[pos] == hashes
-            target[hit] = self.docs[pos[hit]]
+        hashes = np.asarray(hashes, np.uint64)
+        target = self._lookup(hashes)
         fresh = np.flatnonzero(target < 0)
         if len(fresh):
             uniq, first_pos, inverse = np.unique(hashes[fresh], return_index=True, return_inverse=True)
-            owner = fresh[first_pos][inverse]  # the first row in this shard with the same hash
+            owner = fresh[first_pos][inverse.ravel()]  # the first row in this shard with the same hash
             repeat = owner != fresh
             target[fresh[repeat]] = first + owner[repeat]
-            new_h = uniq
-            new_d = first + fresh[first_pos]
-            merged_h = np.concatenate([self.hashes, new_h])
-            merged_d = np.concatenate([self.docs, new_d])
-            order = np.argsort(merged_h, kind="stable")
-            self.hashes, self.docs = merged_h[order], merged_d[order]
+            self.add_run(uniq, first + fresh[first_pos])
         return target
-
 
 
 def anchor_edges(keys: np.ndarray, docs: np.ndarray, first_new: int) -> np.ndarray:

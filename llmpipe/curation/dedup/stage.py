@@ -234,6 +234,12 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
        extra="curation")
 def run_dedup(ctx: StageContext) -> dict[str, Any]:
     """Exact + MinHash LSH near-dedup with a persistent, incremental index."""
+    with tempfile.TemporaryDirectory(prefix=".tmp-dedup-", dir=ctx.out) as work:
+        return _dedup(ctx, Path(work))
+
+
+def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
+    """The stage; ``work``: its scratch folder (the exact-hash runs, per-shard decisions), removed after."""
     from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
 
     cfg = ctx.config
@@ -252,7 +258,8 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     # 1. old shards: link decisions, signatures, outputs; register their segments
     sig_store = core.SigStore([])
     ids = _Ids()
-    exact_h, exact_d, old_keepers = [], [], []
+    exact_index = core.ExactIndex(work / "exact")
+    old_keeper_arr = _disk_array(work / "old-keepers.npy", sum(p["n"] for p in prev[1]["shards"]) if prev else 0)
     first = 0
     for k in range(n_old):
         s, ps = shards[k], prev[1]["shards"][k]
@@ -268,14 +275,10 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         st = t.column("status").to_numpy()
         eh = t.column("exact_hash").to_numpy()
         uniq = np.flatnonzero(st != core.EXACT)
-        exact_h.append(eh[uniq])
-        exact_d.append(first + uniq)
-        old_keepers.append(t.column("keeper").to_numpy())
+        exact_index.add_run(eh[uniq], first + uniq)
+        old_keeper_arr[first : first + ps["n"]] = t.column("keeper").to_numpy()
         first += ps["n"]
     n_old_docs = first
-    old_keeper_arr = np.concatenate(old_keepers) if old_keepers else np.zeros(0, np.int64)
-    exact_index = core.ExactIndex(np.concatenate(exact_h) if exact_h else None,
-                                  np.concatenate(exact_d) if exact_d else None)
     timings["load_previous"] = time.perf_counter() - t0
 
     # 2. signatures of the new shards, in parallel and cached per shard
@@ -315,14 +318,16 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
             got = _insert(index, index_dir / "bands" / stem, first + uniq, np.load(d / "sig.npy")[uniq], query=True)
             if got is not None and len(got):
                 edges.append(got)
-        per_shard.append({"shard": s, "stem": stem, "dir": d, "first": first, "n": n, "target": target,
-                          "hashes": hashes})
+        np.save(work / f"target-{len(per_shard)}.npy", target)  # on disk till step 5: 8 bytes a doc
+        per_shard.append({"shard": s, "stem": stem, "dir": d, "first": first, "n": n})
         first += n
     timings["lsh"] = time.perf_counter() - t2
 
     # 4. clusters: each new doc joins the first verified keeper among its anchors' keepers (core's rule)
     t3 = time.perf_counter()
-    keeper_new = np.arange(n_old_docs, first, dtype=np.int64)  # by (global index - n_old_docs)
+    keeper_new = _disk_array(work / "keepers.npy", first - n_old_docs)  # by (global index - n_old_docs)
+    for a in range(0, len(keeper_new), 1 << 20):  # each new document its own keeper, a chunk at a time
+        keeper_new[a : a + (1 << 20)] = np.arange(n_old_docs + a, n_old_docs + min(a + (1 << 20), len(keeper_new)))
     texts = core.ShingleSets(lambda text, lang: shingles(
         text, word_ngram=params["word_ngram"], char_ngram=params["char_ngram"], lang=lang,
         char_ratio=params["char_script_ratio"]), max_bytes=int(cfg.memory_budget_mb * (1 << 20)) // 2)
@@ -349,12 +354,13 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
     # 5. per-shard decisions + index files, then the filtered outputs
     t4 = time.perf_counter()
     splits = []
-    for ps in per_shard:
+    for k, ps in enumerate(per_shard):
         n, f0 = ps["n"], ps["first"]
+        target = np.load(work / f"target-{k}.npy")
         status = np.zeros(n, np.uint8)
         keeper = np.arange(f0, f0 + n, dtype=np.int64)
         for row in range(n):
-            tgt = int(ps["target"][row])
+            tgt = int(target[row])
             if tgt >= 0:
                 status[row], keeper[row] = core.EXACT, keeper_of(tgt)
             elif cfg.near:
@@ -365,7 +371,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
         shard_index = index_dir / "shards" / ps["stem"]
         link_file(ps["dir"] / "sig.npy", shard_index / "sig.npy")
         pq.write_table(pa.table({"id": pa.array(row_ids, pa.string()),
-                                 "exact_hash": pa.array(ps["hashes"], pa.uint64()),
+                                 "exact_hash": pa.array(np.load(ps["dir"] / "exact.npy"), pa.uint64()),
                                  "status": pa.array(status, pa.uint8()), "keeper": pa.array(keeper, pa.int64())}),
                        shard_index / "docs.parquet")
         keeper_ids = [None if status[r] == core.KEPT else ids.get(int(keeper[r])) for r in range(n)]
@@ -388,6 +394,14 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
             "shards": [{"name": s["name"], "sha256": s["sha256"], "n": n} for s, n in zip(shards, sizes, strict=True)]}
     (index_dir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return stats
+
+
+def _disk_array(path: Path, n: int) -> np.ndarray:
+    """An int64 array of ``n`` in a file (memory-mapped): the keeper arrays are 8 bytes a document,
+    so they live on disk, and the page cache, not the process, holds what the decisions touch."""
+    if n == 0:  # an empty file cannot be mapped
+        return np.zeros(0, np.int64)
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.int64, shape=(n,))
 
 
 def exact_index_mask(docs_parquet: Path) -> np.ndarray:
