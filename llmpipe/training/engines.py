@@ -10,8 +10,10 @@ the loop, the schedule, the guards and the metrics are shared (``trainer.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +81,9 @@ def entity_loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tenso
     return cfg.alpha * (ce * valid).sum() / n - (1.0 - cfg.alpha) * reward
 
 
-_compiled_token_loss: Any = None
+@functools.cache
+def _compiled_loss() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return torch.compile(token_loss)
 
 
 def compiled_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -87,10 +91,7 @@ def compiled_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     log-sum-exp reduction and the backward's softmax, so no fp32 copy of the logits exists and nothing
     is recomputed. Measured on an H200 (``benchmarks/gpu/run.sh``, gpu-125m): as fast as the plain
     loss, where 4096-token checkpointed chunks cost 19% of the step."""
-    global _compiled_token_loss
-    if _compiled_token_loss is None:
-        _compiled_token_loss = torch.compile(token_loss)
-    return _compiled_token_loss(logits, targets)
+    return _compiled_loss()(logits, targets)
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor, entity: torch.Tensor | None, cfg: Any) -> torch.Tensor:
