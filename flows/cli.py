@@ -268,7 +268,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     api_key = args.api_key or os.environ.get("LLMPIPE_API_KEY") or None
-    if args.engine == "vllm":
+    engine = args.engine
+    if engine is None:  # what the deploy stage recorded (deploy.engine) and checked the artifact with
+        from llmpipe.serving.server import deployed_engine, resolve_artifact
+
+        try:
+            engine = deployed_engine(resolve_artifact(args.artifact, args.config))
+        except (FileNotFoundError, ValueError) as e:
+            print(f"llmpipe serve: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"llmpipe serve: engine {engine} (the artifact's deploy.engine; --engine overrides)", flush=True)
+    if engine == "vllm":
         from llmpipe.serving.server import main_serve_vllm
 
         if args.no_api or args.monitor:
@@ -394,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
                     "$LLMPIPE_API_KEY, else none)")
     sv.add_argument("--no-api", action="store_true", help="serve Triton's own endpoints only, without the API")
-    sv.add_argument("--engine", choices=("llmpipe", "triton", "vllm"), default="llmpipe", help="llmpipe (or triton, deploy.engine's name): Triton with our "
+    sv.add_argument("--engine", choices=("llmpipe", "triton", "vllm"), default=None, help="default: the engine the "
+                    "artifact's deploy.json records (deploy.engine). llmpipe (or triton): Triton with our "
                     "model and the API in front of it; vllm: vLLM's own OpenAI server on the deployed checkpoint "
                     "(its CPU build from .venv-vllm, which `make test` builds, or LLMPIPE_VLLM_PYTHON)")
     sv.set_defaults(func=cmd_serve)

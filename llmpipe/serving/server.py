@@ -15,6 +15,7 @@ scripts/install.sh). What it takes to run it from our venv, found by trying:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ import psutil
 
 from llmpipe.processes import free_ports, interrupt_on, spawn, stop_tree
 from llmpipe.serving.config import STREAM_SUFFIX
+from llmpipe.serving.layout import DEPLOY
 from llmpipe.serving.repository import REPO_DIR, serving_copy
 from llmpipe.serving.triton_model import CHECKPOINT_DIR
 
@@ -316,6 +318,22 @@ def resolve_artifact(artifact: str | Path | None, config: str | Path | None = No
     if hit is None:
         raise FileNotFoundError(f"{artifact!r}: not a directory nor a unique artifact key in the store of {config}")
     return Path(store.path(*hit))
+
+
+def deployed_engine(artifact_dir: Path) -> str:
+    """What serves this artifact when ``llmpipe serve`` is not told (``--engine``): the ``deploy.engine``
+    its deploy stage recorded in ``deploy.json`` and checked with; ``triton`` for a bare model repository
+    (or an artifact older than the key)."""
+    info = artifact_dir / DEPLOY.info
+    if not info.is_file():
+        return "triton"
+    try:
+        engine = json.loads(info.read_text(encoding="utf-8")).get("engine", "triton")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{info}: not a deploy.json object ({e})") from None
+    if engine not in ("triton", "vllm"):
+        raise ValueError(f"{info}: engine {engine!r} is neither 'triton' nor 'vllm'")
+    return engine
 
 
 def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None = None, http_port: int = 8000,
