@@ -31,6 +31,10 @@ class SftConfig(Section):
     lr: float = Field(2e-3, gt=0, description="AdamW peak learning rate (linear decay to 0)")
     weight_decay: float = Field(0.0, ge=0)
     max_length: int = Field(128, gt=8, description="tokens per rendered pair; longer pairs are cut at the end")
+    packing: bool = Field(True, description=(
+        "lay each step's pairs end to end in rows of max_length tokens, position ids restarting per pair "
+        "and attention kept inside each pair (the same pairs and loss per step, less padding computed); "
+        "false: one padded row per pair"))
     seed: int = 0
     decontaminate_ngram: int | None = Field(8, ge=MIN_NGRAM, description="drop records sharing a window of this "
                                             "many words with an item of evaluate's built-in tasks (null: keep all)")

@@ -115,6 +115,17 @@ def _data_key(section: str) -> Any:
     return plan
 
 
+def _packing_stats(packing: bool, shapes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """What packing saved: padding share computed, against one padded row per pair, and tokens/s."""
+    from llmpipe.posttrain.sft import padding_share
+
+    tokens = sum(sum(s["pairs"]) for s in shapes)
+    return {"packing": packing, "rows_per_step": round(sum(len(s["rows"]) for s in shapes) / max(len(shapes), 1), 2),
+            "padding_share": round(padding_share([s["rows"] for s in shapes]), 4),
+            "padding_share_unpacked": round(padding_share([s["pairs"] for s in shapes]), 4),
+            "train_tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
+
+
 # version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
 @stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
        enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"), plan_inputs=_data_key("sft"))
@@ -133,9 +144,13 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
     train_pairs, held = split(pairs, cfg.held_out)
     t0 = time.time()
     before = sft.response_loss(model, tok, held, cfg.max_length)
+    shapes: list[dict[str, Any]] = []
+    t1 = time.time()
     records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
                         weight_decay=cfg.weight_decay, max_length=cfg.max_length, seed=cfg.seed,
+                        packing=cfg.packing, shapes=shapes,
                         on_step=lambda s, _loss: ctx.progress("sft steps", s, cfg.max_steps))
+    train_s = time.time() - t1
     after = sft.response_loss(model, tok, held, cfg.max_length)
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
     save_model(model, tok, ctx.out)
@@ -144,7 +159,8 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
              "removed_contaminated": removed, "train_pairs": len(train_pairs),
              "held_out_pairs": len(held), "steps": cfg.max_steps, "first_loss": records[0]["loss"],
              "final_loss": records[-1]["loss"], "held_out_response_loss_before": before,
-             "held_out_response_loss": after, "seconds": round(time.time() - t0, 2)}
+             "held_out_response_loss": after, **_packing_stats(cfg.packing, shapes, train_s),
+             "seconds": round(time.time() - t0, 2)}
     ctx.report_stats("sft-summary", "Supervised fine-tuning", list(stats))
     ctx.report_table("sft-samples", "Chat samples (held-out prompts, greedy)", samples)
     return {**stats, "samples": samples}
