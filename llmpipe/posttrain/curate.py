@@ -193,15 +193,23 @@ def record_json(item: Item) -> dict[str, Any]:
 
 
 def write(out: Path, read: int, kept: list[tuple[str, Item]], rejected: list[dict[str, Any]],
-          pii: dict[str, int]) -> dict[str, Any]:
+          pii: dict[str, int], base: Path | None = None) -> dict[str, Any]:
     """Write ``curation/kept.jsonl`` and ``curation/rejected.jsonl``, then the funnel counted from those
-    files (``curation/funnel.json``): ``in == kept + sum(rejected)``, quarantined = the ``error:`` reasons."""
+    files (``curation/funnel.json``): ``in == kept + sum(rejected)``, quarantined = the ``error:`` reasons.
+    A ``where`` under ``base`` (the config's folder) is written relative to it: one key, one set of bytes,
+    wherever the checkout is."""
     from llmpipe.curation.funnel import check_funnel
 
     d = out / FOLDER
     d.mkdir(parents=True, exist_ok=True)
-    _jsonl(d / "kept.jsonl", [{"where": w, "record": record_json(item)} for w, item in kept])
-    _jsonl(d / "rejected.jsonl", rejected)
+    prefix = f"{base}/" if base is not None else None
+
+    def rel(text: str) -> str:
+        return text.replace(prefix, "") if prefix else text
+
+    _jsonl(d / "kept.jsonl", [{"where": rel(w), "record": record_json(item)} for w, item in kept])
+    _jsonl(d / "rejected.jsonl", [{**r, "where": rel(r["where"]), **({"error": rel(r["error"])} if "error" in r else {})}
+                                  for r in rejected])
     n_kept = sum(1 for _ in _lines(d / "kept.jsonl"))
     reasons = Counter(json.loads(line)["reason"] for line in _lines(d / "rejected.jsonl"))
     funnel: dict[str, Any] = {"in": n_kept + sum(reasons.values()), "kept": n_kept,

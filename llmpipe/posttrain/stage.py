@@ -101,10 +101,10 @@ def _curated(ctx: StageContext, kind: str) -> tuple[list[Any], dict[str, Any]]:
     from llmpipe.posttrain.data import read_records
 
     cfg = ctx.config
-    records, bad = read_records(cfg.data, ctx.pipeline.base_dir(), kind,
-                                quarantine=cfg.curation.bad_records == "quarantine")
+    base = ctx.pipeline.base_dir()
+    records, bad = read_records(cfg.data, base, kind, quarantine=cfg.curation.bad_records == "quarantine")
     kept, rejected, pii = curate.curate(records, bad, cfg.curation, cfg.decontaminate_ngram)
-    funnel = curate.write(ctx.out, len(records) + len(bad), kept, rejected, pii)
+    funnel = curate.write(ctx.out, len(records) + len(bad), kept, rejected, pii, base=Path(base).resolve())
     ctx.report_table(f"{ctx.name}-funnel", f"{ctx.name}: records read, rejected by reason, kept", funnel_rows(funnel))
     return [item for _w, item in kept], funnel
 

@@ -20,7 +20,7 @@ LONG = ("The committee met on a rainy Thursday to review the annual budget, disc
 def _run(tmp_path: Path, kind: str, sources: list[str], cfg: object) -> tuple[dict, list[dict]]:
     records, bad = data.read_records(sources, tmp_path, kind, quarantine=cfg.curation.bad_records == "quarantine")
     kept, rejected, pii = curate.curate(records, bad, cfg.curation, cfg.decontaminate_ngram)
-    funnel = curate.write(tmp_path / "out", len(records) + len(bad), kept, rejected, pii)
+    funnel = curate.write(tmp_path / "out", len(records) + len(bad), kept, rejected, pii, base=tmp_path)
     rows = [json.loads(x) for x in (tmp_path / "out" / "curation" / "rejected.jsonl").read_text().splitlines()]
     return funnel, rows
 
@@ -65,7 +65,7 @@ def test_planted_junk_is_rejected_by_reason_and_the_funnel_adds_up(tmp_path: Pat
                      "11": "error:bad_record", "12": "error:bad_record"}
     assert "key 'response' must be a non-empty string" in next(r["error"] for r in rows if r["where"].endswith(":10"))
     kept = [json.loads(x) for x in (tmp_path / "out" / "curation" / "kept.jsonl").read_text().splitlines()]
-    assert [k["where"].rsplit(":", 1)[1] for k in kept] == ["1", "2", "8"]
+    assert [k["where"] for k in kept] == ["i.jsonl:1", "i.jsonl:2", "i.jsonl:8"]  # relative to the config's folder
     assert "jane.doe@example.com" not in kept[2]["record"]["response"]  # redacted in its own field
     assert kept[2]["record"]["prompt"] == [{"role": "user", "content": "Where do I write?"}]
     saved = json.loads((tmp_path / "out" / "curation" / "funnel.json").read_text())
