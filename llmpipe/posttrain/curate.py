@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llmpipe.curation.filters import ERROR_PREFIX  # the filters' quarantine reasons: error:<Type>
 from llmpipe.posttrain.config import PostTrainCuration, PostTrainDedup
 from llmpipe.posttrain.data import Pair, Preference
 
-ERROR_PREFIX = "error:"  # the curation filters' quarantine reasons: error:<Type>
 BAD_RECORD = "error:bad_record"  # a row that is no instruction / preference record (missing key, wrong type)
 DUPLICATE, NEAR_DUPLICATE, CONTAMINATED = "duplicate", "near_duplicate", "contaminated"
 FOLDER = "curation"
@@ -86,12 +86,18 @@ def _filters(cfg: PostTrainCuration) -> tuple[list[Any], Any]:
 def run_filters(records: list[tuple[str, Item]], cfg: PostTrainCuration
                 ) -> tuple[list[tuple[str, Item]], list[tuple[str, Item, str]], dict[str, int]]:
     """(kept, rejected with reason, PII redactions per type) after langid / quality / safety."""
-    from llmpipe.curation.filters import FilterChain
+    from llmpipe.curation.filters import FilterChain, check_error_share
     from llmpipe.document import Document
 
     deciders, pii = _filters(cfg)
     docs = [Document(id=str(i), text="\n".join(fields(item)), source=where) for i, (where, item) in enumerate(records)]
-    kept_docs, rejected_docs = FilterChain(deciders).run_batch(docs) if deciders else (docs, [])
+    chain = FilterChain(deciders)
+    kept_docs, rejected_docs = chain.run_batch(docs) if deciders else (docs, [])
+    sections = [c for c in (cfg.langid, cfg.quality, cfg.safety) if c is not None]
+    if sections:  # a filter that raises on many records is broken, as in the curation stages
+        check_error_share(chain.funnel(), min(c.max_error_share for c in sections),
+                          "curation.{langid,quality,safety}.max_error_share",
+                          lambda: next((str(d.metadata["error"]) for d in rejected_docs if "error" in d.metadata), None))
     rejected = [(*records[int(d.id)], d.metadata["reject_reason"]) for d in rejected_docs]
     kept = [records[int(d.id)] for d in sorted(kept_docs, key=lambda d: int(d.id))]
     counts: Counter[str] = Counter()
@@ -230,9 +236,3 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def _lines(path: Path) -> list[str]:
     return [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-
-
-def stripped(items: list[tuple[str, Item]]) -> list[Item]:
-    """The records without where they came from."""
-    return [item for _w, item in items]
-
