@@ -6,13 +6,60 @@ ordinary config plans, keys and runs exactly as it did before they existed.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from llmpipe.config_base import Section, run_setting
+from llmpipe.curation.config import (
+    GopherQualitySettings,
+    GopherRepetitionSettings,
+    LangIdConfig,
+    QualityConfig,
+    SafetyConfig,
+)
 
 BUILTIN_INSTRUCTIONS = "builtin:instructions"
 BUILTIN_PREFERENCES = "builtin:preferences"
 MIN_NGRAM = 5  # decontamination windows: shorter ones match common phrases, not copies
+
+
+def _chat_langid() -> LangIdConfig:
+    return LangIdConfig(min_chars=10, default_threshold=0.3)
+
+
+def _chat_quality() -> QualityConfig:
+    return QualityConfig(
+        filters=["gopher_quality", "gopher_repetition"],
+        gopher_quality=GopherQualitySettings(min_doc_words=None, min_avg_word_length=None,
+                                             min_alpha_words_ratio=None, min_stop_words=None),
+        gopher_repetition=GopherRepetitionSettings(top_n_grams={}))
+
+
+class PostTrainDedup(Section):
+    """Dedup of records by the dedup stage's normalization and MinHash (in memory: records are few)."""
+
+    exact: bool = Field(True, description="drop records whose normalized text (NFKC, casefold, spaces) repeats")
+    near: bool = Field(True, description="drop MinHash LSH near duplicates, verified on shingle Jaccard")
+    threshold: float = Field(0.8, gt=0, le=1, description="shingle-set Jaccard from which records are duplicates")
+    num_perm: int = Field(128, ge=2, le=1024)
+    word_ngram: int = Field(5, ge=1, description="shingle size in words (characters for CJK-like scripts)")
+    seed: int = Field(1, ge=0)
+
+
+class PostTrainCuration(Section):
+    """``sft.curation`` / ``preference.curation``: the curation stages' filters on each record's text."""
+
+    langid: LangIdConfig | None = Field(default_factory=_chat_langid, description=(
+        "the langid stage's settings (null: off); default: min_chars 10, default_threshold 0.3 for short turns"))
+    quality: QualityConfig | None = Field(default_factory=_chat_quality, description=(
+        "the quality stage's settings (null: off); default: Gopher's junk and repetition rules, no length minimum"))
+    safety: SafetyConfig | None = Field(default_factory=SafetyConfig, description=(
+        "the safety stage's settings (null: off): blocklist on the record, PII redacted per field"))
+    dedup: PostTrainDedup | None = Field(default_factory=PostTrainDedup, description="null: no dedup")
+    bad_records: Literal["error", "quarantine"] = Field("error", description=(
+        "a row without the record's keys or of the wrong types: stop naming its file and line (error), or "
+        "write it to curation/rejected.jsonl as error:bad_record and go on (quarantine)"))
 
 
 class SftConfig(Section):
@@ -31,9 +78,15 @@ class SftConfig(Section):
     lr: float = Field(2e-3, gt=0, description="AdamW peak learning rate (linear decay to 0)")
     weight_decay: float = Field(0.0, ge=0)
     max_length: int = Field(128, gt=8, description="tokens per rendered pair; longer pairs are cut at the end")
+    packing: bool = Field(True, description=(
+        "lay each step's pairs end to end in rows of max_length tokens, position ids restarting per pair "
+        "and attention kept inside each pair (the same pairs and loss per step, less padding computed); "
+        "false: one padded row per pair"))
     seed: int = 0
     decontaminate_ngram: int | None = Field(8, ge=MIN_NGRAM, description="drop records sharing a window of this "
                                             "many words with an item of evaluate's built-in tasks (null: keep all)")
+    curation: PostTrainCuration = Field(default_factory=PostTrainCuration, description=(
+        "langid / quality / safety / dedup on each record's text before decontamination (llmpipe.posttrain.curate)"))
     threads: int = run_setting(0, ge=0, description="torch CPU threads (0: torch's default)")
 
 
@@ -54,6 +107,8 @@ class PreferenceConfig(Section):
     seed: int = 0
     decontaminate_ngram: int | None = Field(8, ge=MIN_NGRAM, description="drop records sharing a window of this "
                                             "many words with an item of evaluate's built-in tasks (null: keep all)")
+    curation: PostTrainCuration = Field(default_factory=PostTrainCuration, description=(
+        "langid / quality / safety / dedup on each record's text before decontamination (llmpipe.posttrain.curate)"))
     threads: int = run_setting(0, ge=0, description="torch CPU threads (0: torch's default)")
 
 

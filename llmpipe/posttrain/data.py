@@ -112,8 +112,9 @@ def builtin_preferences() -> list[Preference]:
 
 
 # -- readers ----------------------------------------------------------------------------------------
-def _records(source: str, base: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(where, record) for each record of a file or folder source; ``where`` is ``file:line``."""
+def _records(source: str, base: Path, bad: list[tuple[str, str]] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(where, record) for each record of a file or folder source; ``where`` is ``file:line``. A JSONL
+    line that is no JSON object raises, or is appended to ``bad`` as (where, message) when given."""
     path = Path(source) if Path(source).is_absolute() else base / source
     if not path.exists():
         raise PostTrainDataError(f"{source}: no such file or folder")
@@ -138,9 +139,14 @@ def _records(source: str, base: Path) -> list[tuple[str, dict[str, Any]]]:
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise PostTrainDataError(f"{f}:{i}: invalid JSON: {e.msg}") from None
-                if not isinstance(rec, dict):
-                    raise PostTrainDataError(f"{f}:{i}: a record must be a JSON object")
+                    rec = PostTrainDataError(f"{f}:{i}: invalid JSON: {e.msg}")
+                if not isinstance(rec, dict | PostTrainDataError):
+                    rec = PostTrainDataError(f"{f}:{i}: a record must be a JSON object")
+                if isinstance(rec, PostTrainDataError):
+                    if bad is None:
+                        raise rec
+                    bad.append((f"{f}:{i}", str(rec)))
+                    continue
                 out.append((f"{f}:{i}", rec))
         else:
             raise PostTrainDataError(f"{f}: unknown file type (want .jsonl, .parquet or a datasets folder)")
@@ -187,21 +193,41 @@ def to_preference(rec: dict[str, Any], where: str) -> Preference:
                       _text(rec, "rejected", where))
 
 
-def load_pairs(sources: list[str], base: Path) -> list[Pair]:
-    """Every instruction pair of ``sources``, in order, exact repeats dropped."""
-    out: list[Pair] = []
+Located = tuple[str, Any]  # (where: "file:line" or "builtin:...#n", record)
+
+
+def read_records(sources: list[str], base: Path, kind: str, *, quarantine: bool = False
+                 ) -> tuple[list[Located], list[tuple[str, str]]]:
+    """(records with where each came from, bad rows as (where, message)) of ``sources``; ``kind`` is
+    ``instructions`` or ``preferences``. A bad row (a key missing, a wrong type) raises
+    :class:`PostTrainDataError` naming its file and line, or with ``quarantine`` is returned in the
+    second list. Nothing is dropped here: repeats go to dedup, which counts them."""
+    builtin, make = (BUILTIN_INSTRUCTIONS, to_pair) if kind == "instructions" else (BUILTIN_PREFERENCES, to_preference)
+    good: list[Located] = []
+    bad: list[tuple[str, str]] = []
     for s in sources:
-        out += builtin_instructions() if s == BUILTIN_INSTRUCTIONS else [to_pair(r, w) for w, r in _records(s, base)]
-    return list(dict.fromkeys(out))
+        if s == builtin:
+            items = builtin_instructions() if kind == "instructions" else builtin_preferences()
+            good += [(f"{s}#{i + 1}", x) for i, x in enumerate(items)]
+            continue
+        for where, rec in _records(s, base, bad if quarantine else None):
+            try:
+                good.append((where, make(rec, where)))
+            except PostTrainDataError as e:
+                if not quarantine:
+                    raise
+                bad.append((where, str(e)))
+    return good, bad
+
+
+def load_pairs(sources: list[str], base: Path) -> list[Pair]:
+    """Every instruction pair of ``sources``, in order, exact repeats dropped (bad rows raise)."""
+    return list(dict.fromkeys(x for _w, x in read_records(sources, base, "instructions")[0]))
 
 
 def load_preferences(sources: list[str], base: Path) -> list[Preference]:
-    """Every preference record of ``sources``, in order, exact repeats dropped."""
-    out: list[Preference] = []
-    for s in sources:
-        out += builtin_preferences() if s == BUILTIN_PREFERENCES else \
-            [to_preference(r, w) for w, r in _records(s, base)]
-    return list(dict.fromkeys(out))
+    """Every preference record of ``sources``, in order, exact repeats dropped (bad rows raise)."""
+    return list(dict.fromkeys(x for _w, x in read_records(sources, base, "preferences")[0]))
 
 
 def sources_key(sources: list[str], base: Path) -> str:

@@ -10,6 +10,16 @@ A pair renders as ``apply_chat_template(prompt, add_generation_prompt=True)`` fo
 response and the eos token: exactly what the chat endpoint sends the model and what it should answer
 (``<|user|>\\n...<|endoftext|><|assistant|>\\n`` + response + ``<|endoftext|>``). Labels are -100
 over the prompt, so only the response and its end-of-text are learned.
+
+Packing (``sft.packing``, on by default): a step's pairs are laid end to end in rows of at most
+``max_length`` tokens (first fit, longest first) instead of one padded row each. Each pair's position
+ids restart at 0 and the model gets no 2-D attention mask: transformers (>= 4.5x, here 5.17) then
+reads the packed layout from the position ids (``masking_utils.find_packed_sequence_indices``) and
+builds a block-diagonal causal mask for SDPA / eager / flex (flash-attention 2 takes the same position
+ids as ``cu_seqlens``), so no pair attends to another. A step sees the same pairs and the same
+response tokens as without packing, so its loss is the same number (to float rounding); only the
+padding computed goes. :func:`check_packing` verifies this on the model itself before training,
+because ``sft.init_from`` may be an architecture that ignores packed position ids.
 """
 
 from __future__ import annotations
@@ -52,6 +62,75 @@ def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, A
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def pack(rows: list[tuple[list[int], list[int]]], seq_len: int) -> list[list[tuple[list[int], list[int]]]]:
+    """Rows of at most ``seq_len`` tokens, each a list of whole pairs: first fit, longest pair first
+    (a pair longer than ``seq_len`` cannot occur: :func:`encode_pair` cuts at ``max_length``)."""
+    bins: list[list[tuple[list[int], list[int]]]] = []
+    room: list[int] = []
+    for row in sorted(rows, key=lambda r: -len(r[0])):
+        n = len(row[0])
+        for i, free in enumerate(room):
+            if n <= free:
+                bins[i].append(row)
+                room[i] -= n
+                break
+        else:
+            bins.append([row])
+            room.append(seq_len - n)
+    return bins
+
+
+def collate_packed(bins: list[list[tuple[list[int], list[int]]]], pad_id: int) -> dict[str, Any]:
+    """Packed tensors: input_ids, labels and position_ids restarting at 0 for each pair (and for the
+    padding at a row's end, its own segment); no attention_mask, so the model builds the block mask."""
+    import torch
+
+    n = max(sum(len(x) for x, _ in b) for b in bins)
+    ids = torch.full((len(bins), n), pad_id, dtype=torch.long)
+    labels = torch.full((len(bins), n), IGNORE, dtype=torch.long)
+    pos = torch.zeros((len(bins), n), dtype=torch.long)
+    for i, b in enumerate(bins):
+        at = 0
+        for x, y in b:
+            ids[i, at: at + len(x)] = torch.tensor(x)
+            labels[i, at: at + len(y)] = torch.tensor(y)
+            pos[i, at: at + len(x)] = torch.arange(len(x))
+            at += len(x)
+        pos[i, at:] = torch.arange(n - at)
+    return {"input_ids": ids, "position_ids": pos, "labels": labels}
+
+
+def batch_logits(model: Any, batch: dict[str, Any]) -> Any:
+    """The logits of a padded (:func:`collate`) or packed (:func:`collate_packed`) batch."""
+    inputs = {k: v.to(model.device) for k, v in batch.items() if k != "labels"}
+    return model(**inputs, use_cache=False).logits
+
+
+def check_packing(model: Any, atol: float = 1e-4) -> None:
+    """Raise unless two random sequences packed in one row give each the logits it gets alone: the
+    model reads packed position ids as separate sequences (see the module docstring)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    vocab_size = model.get_input_embeddings().num_embeddings
+    a, b = (torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in (7, 5))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        packed = batch_logits(model, collate_packed([[(a, a), (b, b)]], 0))[0]
+        alone = [batch_logits(model, collate([(x, x)], 0))[0] for x in (a, b)]
+    model.train(was_training)
+    if not torch.allclose(packed, torch.cat(alone), atol=atol):
+        raise ValueError(f"sft.packing: {type(model).__name__} lets packed samples attend to each other "
+                         "(it does not read packed position ids); set sft.packing: false")
+
+
+def padding_share(batches: list[list[int]]) -> float:
+    """The share of computed token slots that are padding, for batches given as their rows' lengths."""
+    slots = sum(len(b) * max(b) for b in batches)
+    return 1 - sum(sum(b) for b in batches) / max(slots, 1)
+
+
 def response_loss_terms(logits: Any, labels: Any) -> tuple[Any, Any]:
     """(summed cross-entropy, number of targets) over the labels that are not IGNORE (shifted by one)."""
     import torch.nn.functional as F
@@ -71,19 +150,24 @@ def response_loss(model: Any, tokenizer: Any, pairs: list[Pair], max_length: int
     model.eval()
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
-            b = {k: v.to(model.device) for k, v in collate(rows[i: i + batch_size], tokenizer.pad_token_id).items()}
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            s, n = response_loss_terms(logits, b["labels"])
+            b = collate(rows[i: i + batch_size], tokenizer.pad_token_id)
+            s, n = response_loss_terms(batch_logits(model, b), b["labels"].to(model.device))
             total, count = total + float(s), count + int(n)
     return total / max(count, 1)
 
 
 def train(model: Any, tokenizer: Any, pairs: list[Pair], *, steps: int, batch_size: int, lr: float,
-          weight_decay: float, max_length: int, seed: int,
-          on_step: Callable[[int, float], None] | None = None) -> list[dict[str, float]]:
-    """AdamW on the response tokens, linear decay to 0 after 10% warmup; one record per step."""
+          weight_decay: float, max_length: int, seed: int, packing: bool = False,
+          on_step: Callable[[int, float], None] | None = None,
+          shapes: list[dict[str, Any]] | None = None) -> list[dict[str, float]]:
+    """AdamW on the response tokens, linear decay to 0 after 10% warmup; one record per step.
+
+    ``packing`` packs each step's pairs (:func:`pack`); ``shapes``, when given, gets one record per
+    step of the row lengths computed and of the pairs' own lengths (what padding would have cost)."""
     import torch
 
+    if packing:
+        check_packing(model)
     torch.manual_seed(seed)
     rows = [encode_pair(tokenizer, p.messages, p.response, max_length) for p in pairs]
     gen = torch.Generator().manual_seed(seed)
@@ -98,10 +182,13 @@ def train(model: Any, tokenizer: Any, pairs: list[Pair], *, steps: int, batch_si
     for step in range(1, steps + 1):
         if pos + batch_size > len(order):
             order, pos = torch.randperm(len(rows), generator=gen).tolist(), 0
-        b = collate([rows[i] for i in order[pos: pos + batch_size]], tokenizer.pad_token_id)
+        chosen = [rows[i] for i in order[pos: pos + batch_size]]
         pos += batch_size
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        s, n = response_loss_terms(logits, b["labels"])
+        bins = pack(chosen, max_length) if packing else [[r] for r in chosen]
+        b = collate_packed(bins, tokenizer.pad_token_id) if packing else collate(chosen, tokenizer.pad_token_id)
+        if shapes is not None:
+            shapes.append({"rows": [sum(len(x) for x, _ in r) for r in bins], "pairs": [len(x) for x, _ in chosen]})
+        s, n = response_loss_terms(batch_logits(model, b), b["labels"].to(model.device))
         loss = s / n.clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()

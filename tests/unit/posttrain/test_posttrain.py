@@ -16,6 +16,7 @@ import torch
 from llmpipe.config import ConfigError, load_config
 from llmpipe.dag import check_extras, plan
 from llmpipe.posttrain import data, dpo, sft
+from llmpipe.posttrain.config import SftConfig
 from tests.conftest import ROOT, write_jsonl
 from tests.fixtures.tiny_checkpoint import make_tiny_checkpoint
 
@@ -197,12 +198,13 @@ def test_decontamination_removes_planted_copies_of_evaluation_items(tmp_path: Pa
     assert decontaminate(data.builtin_preferences(), 8)[1] == 0
 
 
-def test_the_stage_counts_what_decontamination_removed(tmp_path: Path) -> None:
-    from llmpipe.posttrain.stage import _decontaminated
+def test_the_stage_counts_what_decontamination_removed() -> None:
+    from llmpipe.posttrain.curate import curate
+    from llmpipe.posttrain.decontaminate import decontaminate
 
     pairs = [data.Pair((("user", "Say: once upon a time, numbers one two three four five six seven"),), "ok")]
     evals = ["once upon a time, numbers one two three four five six seven eight"]
-    from llmpipe.posttrain.decontaminate import decontaminate
-
     assert decontaminate(pairs, 8, evals) == ([], 1)
-    assert _decontaminated(pairs, None) == (pairs, 0)
+    cfg = SftConfig().curation.model_copy(update={"langid": None, "quality": None, "safety": None})
+    kept, rejected, _ = curate([("x.jsonl:1", pairs[0])], [], cfg, None)
+    assert kept == [("x.jsonl:1", pairs[0])] and rejected == []
