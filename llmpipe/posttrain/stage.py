@@ -102,6 +102,52 @@ def _decontaminated(items: list[Any], ngram: int | None) -> tuple[list[Any], int
     return decontaminate(items, ngram)
 
 
+def stage_data(pipeline: Any, section: str) -> tuple[list[Any], int, list[Any], list[Any]]:
+    """(records kept, records removed as contaminated, train part, held-out part) of the ``sft`` or
+    ``preference`` section's data: what the stage trains on and measures on, and evaluate measures on."""
+    from llmpipe.posttrain.data import load_pairs, load_preferences, split
+
+    cfg = getattr(pipeline, section)
+    load = load_pairs if section == "sft" else load_preferences
+    items, removed = _decontaminated(load(cfg.data, pipeline.base_dir()), cfg.decontaminate_ngram)
+    train, held = split(items, cfg.held_out)
+    return items, removed, train, held
+
+
+def tuned_measures(pipeline: Any, model_from: str, model: Any, tok: Any) -> dict[str, Any]:
+    """What evaluate adds for a tuned model (``model_from``: sft or preference): chat samples on the
+    tuning stage's held-out prompts through the chat template, and after DPO the preference accuracy
+    and mean reward margin on its held-out pairs (the measures the preference stage reports).
+
+    Evaluate has no reference model, so its reward is DPO's implicit reward against none:
+    ``beta * (log p(chosen) - log p(rejected))``; the preference stage's own ``reward_margin`` is
+    against the frozen sft model. Both count only what the model stage's key already covers (its
+    section's data and settings), so evaluate's key needs nothing more.
+    """
+    import torch
+
+    from llmpipe.posttrain import dpo
+
+    _, _, _, held = stage_data(pipeline, model_from)
+    model.eval()
+    tok = _chat_ready(tok)
+    out: dict[str, Any] = {"model_from": model_from, "held_out_pairs": len(held)}
+    if model_from == "preference":
+        cfg = pipeline.preference
+        zero = torch.zeros(len(held), dtype=torch.float64)
+        st = dpo.preference_stats(model, (zero, zero), tok, held, cfg.beta, cfg.max_length)
+        out.update({"preference_accuracy": st["accuracy"], "reward_margin": st["reward_margin"]})
+    out["chat_samples"] = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
+    return out
+
+
+def _chat_ready(tok: Any) -> Any:
+    """The tokenizer with a pad id (the batched scoring pads); a tuned folder's always has one."""
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def _write_metrics(out: Path, records: list[dict[str, Any]]) -> None:
     (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
 
@@ -116,12 +162,11 @@ def _data_key(section: str) -> Any:
 
 
 # version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
-@stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
+@stage("sft", version="1", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain", model=True,
        enabled=lambda cfg: cfg.sft.enabled, requires=("torch", "transformers"), plan_inputs=_data_key("sft"))
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Supervised fine-tuning on instruction pairs (loss on response tokens only), chat template applied."""
     from llmpipe.posttrain import sft
-    from llmpipe.posttrain.data import load_pairs, split
 
     cfg = ctx.config
     _threads(cfg.threads)
@@ -129,8 +174,7 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
     src = Path(ctx.inputs["pretrain"]) if not cfg.init_from else (
         Path(cfg.init_from) if Path(cfg.init_from).is_absolute() else base / cfg.init_from)
     model, tok = load_model(src, "sft.init_from" if cfg.init_from else "sft (pretrain artifact)")
-    pairs, removed = _decontaminated(load_pairs(cfg.data, base), cfg.decontaminate_ngram)
-    train_pairs, held = split(pairs, cfg.held_out)
+    pairs, removed, train_pairs, held = stage_data(ctx.pipeline, "sft")
     t0 = time.time()
     before = sft.response_loss(model, tok, held, cfg.max_length)
     records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
@@ -152,12 +196,12 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
 
 # version 1: TRL 1.16's DPOTrainer, sigmoid loss, frozen copy of the sft model as reference
 @stage("preference", version="1", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain",
+       model=True,
        enabled=lambda cfg: cfg.preference.enabled, requires=("torch", "transformers", "trl"),
        plan_inputs=_data_key("preference"))
 def run_preference(ctx: StageContext) -> dict[str, Any]:
     """Preference tuning with DPO (TRL) from the sft model; held-out preference accuracy before and after."""
     from llmpipe.posttrain import dpo
-    from llmpipe.posttrain.data import load_preferences, split
 
     cfg = ctx.config
     _threads(cfg.threads)
@@ -165,8 +209,7 @@ def run_preference(ctx: StageContext) -> dict[str, Any]:
     model, tok = load_model(src, "preference (sft artifact)")
     ref, _ = load_model(src, "preference (sft artifact)")
     ref.requires_grad_(False)
-    prefs, removed = _decontaminated(load_preferences(cfg.data, ctx.pipeline.base_dir()), cfg.decontaminate_ngram)
-    train_prefs, held = split(prefs, cfg.held_out)
+    prefs, removed, train_prefs, held = stage_data(ctx.pipeline, "preference")
     t0 = time.time()
     ref_logps = dpo.pair_logps(ref, tok, held, cfg.max_length)
     before = dpo.preference_stats(model, ref_logps, tok, held, cfg.beta, cfg.max_length)
