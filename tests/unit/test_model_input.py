@@ -84,3 +84,12 @@ def test_a_model_input_comes_after_every_model_stage_and_reads_the_last_active_o
         assert art.stats == {"seen": {want: want, "data": "data", MODEL: want}, "model_from": want}
     with pytest.raises(ValueError, match="'judge' takes the model, but no active stage before it makes one"):
         resolve_inputs(specs["judge"], [specs["data"]])
+
+
+def test_status_shows_the_model_each_stage_reads(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    assert main(["status", str(ROOT / "configs" / "tiny-chat.yaml")]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert rows["evaluate"][-1] == rows["quantize"][-1] == "preference"
+    assert rows["pretrain"][-1] == rows["deploy"][-1] == "-"
