@@ -208,3 +208,24 @@ def test_the_stage_counts_what_decontamination_removed(tmp_path: Path) -> None:
 
     assert decontaminate(pairs, 8, evals) == ([], 1)
     assert _decontaminated(pairs, None) == (pairs, 0)
+
+
+def test_evaluate_measures_a_tuned_model_on_the_stages_held_out_pairs(tiny: tuple[Path, object]) -> None:
+    """What evaluate adds for a DPO model: accuracy and reward margin on the preference stage's held-out
+    pairs (reference-free: beta times the log-likelihood margin), chat samples through the template."""
+    from transformers import AutoModelForCausalLM
+
+    from llmpipe.posttrain.stage import SAMPLE_PROMPTS, stage_data, tuned_measures
+
+    path, tok = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    cfg = load_config(ROOT / "configs" / "tiny-chat.yaml", ["preference.held_out=0.05"])
+    held = stage_data(cfg, "preference")[3]
+    got = tuned_measures(cfg, "preference", model, tok)
+    c, r = dpo.pair_logps(model, tok, held, cfg.preference.max_length)
+    assert got["held_out_pairs"] == len(held) > 0
+    assert got["preference_accuracy"] == pytest.approx(float((c > r).double().mean()))
+    assert got["reward_margin"] == pytest.approx(cfg.preference.beta * float((c - r).mean()))
+    assert [s["prompt"] for s in got["chat_samples"]] == [p.prompt[-1][1] for p in held[:SAMPLE_PROMPTS]]
+    sft_only = tuned_measures(cfg, "sft", model, tok)  # no preference pairs for an sft model: samples only
+    assert "preference_accuracy" not in sft_only and len(sft_only["chat_samples"]) == SAMPLE_PROMPTS
