@@ -66,7 +66,7 @@ def run_once(corpus: Path, store: Path, workers: int, docs_per_shard: int) -> tu
         for name in ("ingest", *CURATION):
             ps = planned[name]
             t0 = time.perf_counter()
-            art, ran, _ = execute(cfg, st, ps, {d: arts[d] for d in ps.spec.inputs}, executor=executor)
+            art, ran, _ = execute(cfg, st, ps, {d: arts[d] for d in ps.upstream}, executor=executor)
             if name in CURATION:
                 seconds += time.perf_counter() - t0
             assert ran, f"{name} was cached in a fresh store"

@@ -193,7 +193,7 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             ps = planned[name]
             sampler.reset()
             w0, c0 = time.perf_counter(), time.process_time()
-            art, ran, _ = execute(cfg, store, ps, {d: arts[d] for d in ps.spec.inputs}, executor=executor)
+            art, ran, _ = execute(cfg, store, ps, {d: arts[d] for d in ps.upstream}, executor=executor)
             assert ran, f"{name} was cached in a fresh store"
             arts[name] = art
             stages[name] = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0,

@@ -194,8 +194,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         art = store.get(name, ps.key)
         size = sum(f["bytes"] for f in art.manifest["files"].values()) if art else 0
         rows.append({"stage": name, "flow": ps.spec.flow, "key": ps.key[:12],
-                     "status": "cached" if art else "missing", "size": _human(size) if art else "-"})
-    _print_table(rows, ("stage", "flow", "key", "status", "size"))
+                     "status": "cached" if art else "missing", "size": _human(size) if art else "-",
+                     "model": ps.model_from or "-"})  # the model a `model` input reads (tuned or pretrain)
+    _print_table(rows, ("stage", "flow", "key", "status", "size", "model"))
     return EXIT_OK
 
 

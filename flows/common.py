@@ -86,8 +86,9 @@ def _run_stages(flow: str, chosen: list[Any], planned: dict[str, Any], arts: dic
             # for futures, for every task; nothing in them is a future
             state = stage_task.with_options(name=f"stage-{ps.name}", task_run_name=ps.name)(
                 stage=ps.name, key=ps.key, config=quote(cfg_dict),
-                planned=quote({"key_config": ps.key_config, "input_keys": ps.input_keys, "extra": ps.extra}),
-                upstream={d: planned[d].key for d in ps.spec.inputs}, return_state=True)
+                planned=quote({"key_config": ps.key_config, "input_keys": ps.input_keys, "extra": ps.extra,
+                               "model_from": ps.model_from}),
+                upstream={d: planned[d].key for d in ps.upstream}, return_state=True)
             result = state.result()  # raises the stage's error (flow fails, stage named)
             cached = state.name == "Cached" or not result["ran"]
             art = store.get(ps.name, ps.key, verify=False)

@@ -1,4 +1,4 @@
-"""The ``post_train`` flow: Tune the pretrained model on instructions (sft), then on preferences (DPO)."""
+"""The ``post_train`` flow: Tune the pretrained model on instructions (sft), then on preferences (DPO); evaluate the tuned model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from flows.common import DEFAULT_CONFIG, llmpipe_flow, run_flow
 @llmpipe_flow(name="post_train")
 def post_train(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, from_stage: str | None = None,
        until: str | None = None) -> list[dict[str, Any]]:
-    """Tune the pretrained model on instructions (sft), then on preferences (DPO)."""
+    """Tune the pretrained model on instructions (sft), then on preferences (DPO); evaluate the tuned model."""
     return run_flow("post_train", config, overrides, from_stage, until)
 
 

@@ -22,7 +22,7 @@ from llmpipe import console
 from llmpipe.config import PipelineConfig
 from llmpipe.executor import LocalExecutor, ShardExecutor
 from llmpipe.pipeline import load_stages, missing_extras
-from llmpipe.stage import StageContext, StageSpec
+from llmpipe.stage import MODEL, StageContext, StageSpec
 from llmpipe.store import Artifact, ArtifactStore, stage_key
 
 log = logging.getLogger("llmpipe.dag")
@@ -49,10 +49,22 @@ class PlannedStage:
     key_config: Any
     input_keys: dict[str, str]
     extra: dict[str, Any] = field(default_factory=dict)
+    # the upstream stages it reads, ``MODEL`` resolved (None: the spec's inputs, which name no MODEL)
+    inputs: tuple[str, ...] | None = None
+    model_from: str | None = None  # the stage its MODEL input resolved to
+
+    def __post_init__(self) -> None:
+        if self.inputs is None:
+            self.inputs = self.spec.inputs
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def upstream(self) -> tuple[str, ...]:
+        """The upstream stages whose artifacts the run reads (``MODEL`` resolved)."""
+        return tuple(self.inputs or ())
 
 
 def state_dir(cfg: PipelineConfig | dict[str, Any]) -> Path:
@@ -76,6 +88,21 @@ def active_stages(cfg: PipelineConfig) -> dict[str, StageSpec]:
     return {n: s for n, s in load_stages().items() if s.enabled is None or s.enabled(cfg)}
 
 
+def resolve_inputs(spec: StageSpec, before: list[StageSpec]) -> tuple[tuple[str, ...], str | None]:
+    """(the upstream stages ``spec`` reads, the stage its ``MODEL`` input names or None).
+
+    ``MODEL`` is the last of ``before`` (the active stages ahead of it, in DAG order) that declares
+    ``model=True``: the tuned model when post-training is on, else pretrain's. The key's inputs name
+    that stage, so a config without post-training keeps the keys a fixed ``pretrain`` input gave.
+    """
+    if MODEL not in spec.inputs:
+        return spec.inputs, None
+    models = [s.name for s in before if s.model]
+    if not models:
+        raise ValueError(f"stage {spec.name!r} takes the model, but no active stage before it makes one")
+    return tuple(models[-1] if d == MODEL else d for d in spec.inputs), models[-1]
+
+
 def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
     """Every stage's key, in DAG order. Raw sources are hashed here (with a size/mtime fast path)."""
     stages = active_stages(cfg)
@@ -84,12 +111,13 @@ def plan(cfg: PipelineConfig) -> dict[str, PlannedStage]:
         sec = section(cfg, spec)
         key_config = sec.key_dict() if sec is not None else None
         extra: dict[str, Any] = {}
-        input_keys = {dep: out[dep].key for dep in spec.inputs}
+        inputs, model_from = resolve_inputs(spec, [out[n].spec for n in out])
+        input_keys = {dep: out[dep].key for dep in inputs}
         if spec.plan_inputs is not None:  # reads outside the store (ingest: the sources; sft: its data)
             outside, extra = spec.plan_inputs(cfg, state_dir(cfg))
             input_keys.update(outside)
         key = stage_key(name, spec.version, key_config, input_keys)
-        out[name] = PlannedStage(spec, key, key_config, input_keys, extra)
+        out[name] = PlannedStage(spec, key, key_config, input_keys, extra, inputs, model_from)
     return out
 
 
@@ -110,7 +138,7 @@ def selected_stages(stages: dict[str, StageSpec], flow: str | None = None, start
     hi = names.index(until) if until else len(names) - 1
     chosen = [stages[n] for n in names[lo : hi + 1]]
     if flow and flow != "lifecycle":
-        chosen = [s for s in chosen if s.flow == flow]
+        chosen = [s for s in chosen if s.flow == flow or flow in s.also_flows]
     return chosen
 
 
@@ -153,15 +181,19 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
     hit = store.get(ps.name, ps.key)
     if hit is not None:
         return hit, False, time.time() - t0
-    missing = [d for d in ps.spec.inputs if d not in upstream]
+    missing = [d for d in ps.upstream if d not in upstream]
     if missing:
         raise MissingInput(f"stage {ps.name!r}: inputs {missing} not given")
+    inputs = {d: upstream[d].path for d in ps.upstream}
+    if ps.model_from is not None:  # the stage reads ctx.inputs[MODEL]; the key names the stage it is
+        inputs[MODEL] = inputs[ps.model_from]
     tmp = store.new_tmp_dir(ps.name, ps.key)
     ctx = StageContext(
         spec=ps.spec, config=section(cfg, ps.spec), pipeline=cfg, key=ps.key, out=tmp,
-        inputs={d: upstream[d].path for d in ps.spec.inputs}, input_keys=dict(ps.input_keys),
+        inputs=inputs, input_keys=dict(ps.input_keys),
         store=store, executor=executor or make_executor(cfg),
         log=logger or logging.getLogger(f"llmpipe.{ps.name}"), on_progress=on_progress, extra=ps.extra,
+        model_from=ps.model_from,
     )
     try:
         stats = ps.spec.fn(ctx) or {}
@@ -190,7 +222,7 @@ def resolve_upstream(store: ArtifactStore, planned: dict[str, PlannedStage], cho
                      ) -> dict[str, Artifact]:
     """Artifacts of the stages a run needs but does not execute (e.g. ``--from pretrain``)."""
     chosen_names = {p.name for p in chosen}
-    needed = {d for p in chosen for d in p.spec.inputs if d not in chosen_names}
+    needed = {d for p in chosen for d in p.upstream if d not in chosen_names}
     out = {}
     for name in needed:
         art = store.get(name, planned[name].key)

@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-from llmpipe.stage import STAGES, StageSpec
+from llmpipe.stage import MODEL, STAGES, StageSpec
 
 STAGE_MODULES = [
     "llmpipe.ingest",
@@ -123,6 +123,9 @@ def by_module_order(stages: dict[str, StageSpec]) -> dict[str, StageSpec]:
 
 
 def topological_order(stages: dict[str, StageSpec]) -> list[StageSpec]:
+    """Inputs before the stages that read them; a ``MODEL`` input comes after every model stage (a
+    config may turn any of them on), so evaluate follows preference whatever the config."""
+    models = tuple(n for n, s in stages.items() if s.model)
     order: list[StageSpec] = []
     seen: set[str] = set()
 
@@ -135,7 +138,8 @@ def topological_order(stages: dict[str, StageSpec]) -> list[StageSpec]:
         if spec is None:
             raise ValueError(f"stage {path[-1]!r} needs unknown stage {name!r}")
         for dep in spec.inputs:
-            visit(dep, path + (name,))
+            for d in models if dep == MODEL else (dep,):
+                visit(d, path + (name,))
         seen.add(name)
         order.append(spec)
 

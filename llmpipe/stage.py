@@ -23,6 +23,11 @@ log = logging.getLogger("llmpipe")
 
 
 FLOWS = ("data_refresh", "pretrain", "post_train", "release")
+# An input named MODEL is no stage: it is "the model this config tunes last", the last active stage in
+# DAG order that declares ``model=True`` (``preference`` if on, else ``sft``, else ``pretrain``). The
+# planner resolves it (``llmpipe.dag.resolve_inputs``): the key's inputs name that stage, as a fixed
+# input would, and the running stage finds its folder at ``ctx.inputs[MODEL]``.
+MODEL = "model"
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class StageSpec:
     # a stage that reads from outside the store (ingest): (pipeline config, state dir) ->
     # (its input keys, e.g. each source's content hash; facts for the run, in ctx.extra)
     plan_inputs: Callable[[Any, Path], tuple[dict[str, str], dict[str, Any]]] | None = None
+    model: bool = False  # its artifact is a causal-LM folder that a MODEL input may resolve to
+    also_flows: tuple[str, ...] = ()  # flows that run it beside ``flow`` (evaluate: post_train too)
 
     def required_modules(self, pipeline: Any) -> tuple[str, ...]:
         """What this stage imports when it runs with ``pipeline`` (a PipelineConfig)."""
@@ -64,6 +71,8 @@ def stage(
     requires: Sequence[str] | Callable[[Any], Sequence[str]] = (),
     extra: str | None = None,
     plan_inputs: Callable[[Any, Path], tuple[dict[str, str], dict[str, Any]]] | None = None,
+    model: bool = False,
+    also_flows: Sequence[str] = (),
 ) -> Callable[[Callable[[StageContext], dict[str, Any]]], Callable[[StageContext], dict[str, Any]]]:
     """Register a stage function. ``inputs`` name upstream stages; their artifacts arrive in ctx.inputs.
 
@@ -76,16 +85,21 @@ def stage(
     instruction data). The planner adds what it returns to the upstream stages' keys: the stage's
     outside input keys (content hashes, so the stage key changes when the data does) and facts the
     run needs (``ctx.extra``).
+
+    ``model``: the stage writes a causal-LM folder (pretrain, sft, preference); a stage that takes
+    ``MODEL`` among its ``inputs`` gets the last active one (see :data:`MODEL`). ``also_flows``: other
+    flows that run the stage (evaluate runs in ``post_train`` too, after the tuning stages).
     """
-    if flow not in FLOWS:
-        raise ValueError(f"stage {name!r}: flow must be one of {FLOWS}, got {flow!r}")
+    for f in (flow, *also_flows):
+        if f not in FLOWS:
+            raise ValueError(f"stage {name!r}: flow must be one of {FLOWS}, got {f!r}")
 
     def deco(fn: Callable[[StageContext], dict[str, Any]]) -> Callable[[StageContext], dict[str, Any]]:
         STAGES[name] = StageSpec(
             name=name, version=version, inputs=tuple(inputs), config_field=config_field or None,
             flow=flow, fn=fn, description=(fn.__doc__ or "").strip().split("\n")[0], enabled=enabled,
             requires=requires if callable(requires) else tuple(requires), extra=extra,
-            plan_inputs=plan_inputs,
+            plan_inputs=plan_inputs, model=model, also_flows=tuple(also_flows),
         )
         return fn
 
@@ -125,6 +139,7 @@ class StageContext:
     # the per-shard results this run used (``cached_map``): the manifest lists them, so ``gc`` keeps
     # the ones a reachable artifact was made from and collects the rest
     shard_keys: list[str] = field(default_factory=list)
+    model_from: str | None = None  # the model stage ``inputs[MODEL]`` is (pretrain, sft, preference)
 
     @property
     def name(self) -> str:

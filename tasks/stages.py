@@ -68,7 +68,8 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
     cfg = PipelineConfig.model_validate(config)
     store = open_store(cfg)
     spec = STAGES[stage]
-    ps = PlannedStage(spec, key, planned["key_config"], planned["input_keys"], planned.get("extra", {}))
+    ps = PlannedStage(spec, key, planned["key_config"], planned["input_keys"], planned.get("extra", {}),
+                      tuple(upstream), planned.get("model_from"))
     arts = {}
     for name, ukey in upstream.items():
         art = store.get(name, ukey)

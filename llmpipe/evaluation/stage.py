@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from llmpipe.evaluation.config import EvaluateConfig
 from llmpipe.evaluation.layout import EVALUATE
 from llmpipe.evaluation.report import metric_rows, regression_markdown
-from llmpipe.stage import StageContext, stage
+from llmpipe.stage import MODEL, StageContext, stage
 
 if TYPE_CHECKING:  # torch and the model code load when the stage runs, not when it registers
     import torch
@@ -162,8 +162,38 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
-@stage("evaluate", version=VERSION, inputs=("pretrain", "tokenize"), config_field="evaluate", flow="pretrain",
-       requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate)), extra="train")
+def tuned_results(ctx: StageContext, ckpt: Path, device: torch.device) -> tuple[dict[str, Any] | None, Any]:
+    """(what a tuned model adds to results.json, the loaded model) when the model is sft's or
+    preference's: chat samples through its template and, after DPO, held-out preference accuracy and
+    reward margin (``llmpipe.posttrain.stage.tuned_measures``); (None, None) for pretrain's model."""
+    if ctx.model_from in (None, "pretrain"):
+        return None, None
+    from llmpipe.evaluation.model_io import load_model, load_tokenizer
+    from llmpipe.posttrain.stage import tuned_measures
+
+    model = load_model(ckpt, device)
+    t0 = time.perf_counter()
+    tuned = tuned_measures(ctx.pipeline, ctx.model_from, Path(ctx.inputs["model"]), model, load_tokenizer(ckpt))
+    ctx.log.info("evaluate: the %s model: %s in %.1fs", ctx.model_from,
+                 {k: v for k, v in tuned.items() if k != "chat_samples"}, time.perf_counter() - t0)
+    return tuned, model
+
+
+def tuned_stats(ctx: StageContext, tuned: dict[str, Any]) -> dict[str, Any]:
+    """The tuned model's figures in the stats, with a table of them and one of its chat samples."""
+    figures = {k: v for k, v in tuned.items() if k != "chat_samples"}
+    ctx.report_stats("evaluation-tuned", f"The tuned model ({tuned['model_from']}): held-out preference pairs",
+                     list(figures))
+    ctx.report_table("evaluation-chat-samples", "Chat samples through the chat template (held-out prompts, greedy)",
+                     tuned["chat_samples"])
+    return {**figures, "chat_samples": tuned["chat_samples"]}
+
+
+# inputs: MODEL is the last active model stage (pretrain, or the tuned sft / preference model), and the
+# key names it; with post-training on, the post_train flow ends here
+@stage("evaluate", version=VERSION, inputs=(MODEL, "tokenize"), config_field="evaluate", flow="pretrain",
+       also_flows=("post_train",), extra="train",
+       requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate)))
 def run_evaluate(ctx: StageContext) -> dict[str, Any]:
     """Perplexity, bits per byte and accuracy on held-out data (packed windows and whole documents)
     beside unigram and Kneser-Ney baselines; greedy samples; regression table."""
@@ -171,11 +201,14 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
 
     cfg: EvaluateConfig = ctx.config
     device = resolve_device(cfg.device)
-    ckpt = find_checkpoint(ctx.inputs["pretrain"])
+    ckpt = find_checkpoint(ctx.inputs[MODEL])
     t0 = time.perf_counter()
-    res = run_suite(ckpt, ctx.inputs["tokenize"], cfg, device, baseline=True)
+    tuned, model = tuned_results(ctx, ckpt, device)
+    res = run_suite(ckpt, ctx.inputs["tokenize"], cfg, device, model=model, baseline=True)
     timings = {**res["metrics"].pop("timings", {}), "seconds": round(time.perf_counter() - t0, 3)}
     res.update({"settings": cfg.key_dict(), "inputs": dict(ctx.input_keys)})
+    if tuned is not None:
+        res["tuned"] = tuned
     (ctx.out / RESULTS).write_text(json.dumps(res, indent=1, sort_keys=True, default=str))
     if res["bytes_check"] and not res["bytes_check"]["match"]:
         ctx.log.warning("evaluate: token bytes %s != text bytes %s; bits per byte is approximate",
@@ -215,6 +248,8 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
         items = sum(t["samples"] or 0 for t in res["metrics"]["harness"]["tasks"].values())
         stats["harness_items"] = items
         stats["harness_items_per_s"] = items / timings["harness_seconds"] if timings.get("harness_seconds") else None
+    if tuned is not None:
+        stats.update(tuned_stats(ctx, tuned))
     if prev is not None:
         p = prev["metrics"]["overall"]
         stats["perplexity_change"] = o["perplexity"] - p["perplexity"]

@@ -198,6 +198,18 @@ def record_json(item: Item) -> dict[str, Any]:
     return out
 
 
+def read_kept(artifact: Path, kind: str) -> list[Item]:
+    """The records a stage kept, in its order, from its artifact's ``curation/kept.jsonl`` (``kind``:
+    ``instructions`` or ``preferences``): how a consumer of the artifact sees what the stage trained on."""
+    from llmpipe.posttrain.data import to_pair, to_preference
+
+    path = Path(artifact) / FOLDER / "kept.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no kept records (an artifact of a post-training stage has them)")
+    parse = to_pair if kind == "instructions" else to_preference
+    return [parse(json.loads(line)["record"], f"{path}:{i}") for i, line in enumerate(_lines(path), 1)]
+
+
 def write(out: Path, read: int, kept: list[tuple[str, Item]], rejected: list[dict[str, Any]],
           pii: dict[str, int], base: Path | None = None) -> dict[str, Any]:
     """Write ``curation/kept.jsonl`` and ``curation/rejected.jsonl``, then the funnel counted from those

@@ -133,6 +133,51 @@ def _funnel_stats(funnel: dict[str, Any]) -> dict[str, Any]:
                                                if "pii_redactions" in funnel else {})}
 
 
+def held_out_records(artifact: Path, pipeline: Any, section: str) -> list[Any]:
+    """The held-out part of the records the ``sft`` or ``preference`` artifact kept (its
+    ``curation/kept.jsonl``, split as the stage split them): what the stage measured on, and what
+    evaluate measures the tuned model on, read from the artifact so the two cannot drift apart."""
+    from llmpipe.posttrain.curate import read_kept
+    from llmpipe.posttrain.data import split
+
+    return split(read_kept(artifact, "instructions" if section == "sft" else "preferences"),
+                 getattr(pipeline, section).held_out)[1]
+
+
+def tuned_measures(pipeline: Any, model_from: str, artifact: Path, model: Any, tok: Any) -> dict[str, Any]:
+    """What evaluate adds for a tuned model (``model_from``: sft or preference): chat samples on the
+    tuning stage's held-out prompts through the chat template, and after DPO the preference accuracy
+    and mean reward margin on its held-out pairs (the measures the preference stage reports).
+
+    Evaluate has no reference model, so its reward is DPO's implicit reward against none:
+    ``beta * (log p(chosen) - log p(rejected))``; the preference stage's own ``reward_margin`` is
+    against the frozen sft model. Both count only what the model stage's key already covers (its
+    section's data and settings), so evaluate's key needs nothing more.
+    """
+    import torch
+
+    from llmpipe.posttrain import dpo
+
+    held = held_out_records(artifact, pipeline, model_from)
+    model.eval()
+    tok = _chat_ready(tok)
+    out: dict[str, Any] = {"model_from": model_from, "held_out_pairs": len(held)}
+    if model_from == "preference":
+        cfg = pipeline.preference
+        zero = torch.zeros(len(held), dtype=torch.float64)
+        st = dpo.preference_stats(model, (zero, zero), tok, held, cfg.beta, cfg.max_length)
+        out.update({"preference_accuracy": st["accuracy"], "reward_margin": st["reward_margin"]})
+    out["chat_samples"] = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
+    return out
+
+
+def _chat_ready(tok: Any) -> Any:
+    """The tokenizer with a pad id (the batched scoring pads); a tuned folder's always has one."""
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def _write_metrics(out: Path, records: list[dict[str, Any]]) -> None:
     (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
 
@@ -159,7 +204,7 @@ def _packing_stats(packing: bool, shapes: list[dict[str, Any]], seconds: float) 
 
 # version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
 # version 2: packing (sft.packing); records through langid / quality / safety / dedup (sft.curation)
-@stage("sft", version="2", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain",
+@stage("sft", version="2", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain", model=True,
        enabled=lambda cfg: cfg.sft.enabled, requires=_requires("sft", "torch", "transformers"), plan_inputs=_data_key("sft"))
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Supervised fine-tuning on instruction pairs (loss on response tokens only), chat template applied."""
@@ -199,7 +244,7 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
 
 # version 1: TRL 1.16's DPOTrainer, sigmoid loss, frozen copy of the sft model as reference
 # version 2: records through langid / quality / safety / dedup (preference.curation)
-@stage("preference", version="2", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain",
+@stage("preference", version="2", inputs=("sft",), config_field="preference", flow="post_train", extra="posttrain", model=True,
        enabled=lambda cfg: cfg.preference.enabled, requires=_requires("preference", "torch", "transformers", "trl"),
        plan_inputs=_data_key("preference"))
 def run_preference(ctx: StageContext) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from llmpipe.quantization.gate import QualityGateError, check_gate
 from llmpipe.quantization.layout import QUANTIZE
 from llmpipe.quantization.readiness import check_before_quantizing
 from llmpipe.serving.config import DeployConfig
-from llmpipe.stage import StageContext, stage
+from llmpipe.stage import MODEL, StageContext, stage
 
 if TYPE_CHECKING:  # numpy, torch and the quantizers load when the stage runs, not when it registers
     import numpy as np
@@ -144,7 +144,8 @@ def _tokens_per_s(res: dict[str, Any]) -> float | None:
     return res["metrics"].pop("timings", {}).get("generation_tokens_per_s")
 
 
-@stage("quantize", version=VERSION, inputs=("pretrain", "tokenize", "evaluate"), config_field="quantize",
+# MODEL: the model evaluate measured (the tuned one when post-training is on; see llmpipe.stage.MODEL)
+@stage("quantize", version=VERSION, inputs=(MODEL, "tokenize", "evaluate"), config_field="quantize",
        flow="release",
        extra="quantize", requires=lambda cfg: ("torch", "transformers", *harness_modules(cfg.evaluate), *(
            ("llmcompressor", "compressed_tensors") if cfg.quantize.scheme == "awq_w4" else ())))
@@ -162,7 +163,7 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
 
     cfg: QuantizeConfig = ctx.config
     device = resolve_device(cfg.device)
-    fp_dir = find_checkpoint(ctx.inputs["pretrain"])
+    fp_dir = find_checkpoint(ctx.inputs[MODEL])
     # before any work: a checkpoint the deploy target's kernels cannot take fails here, not at serving
     check_before_quantizing(fp_dir, cfg, deploy_config(ctx))
     fp_res, ecfg = baseline(ctx.inputs["evaluate"])

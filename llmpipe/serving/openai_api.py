@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import secrets
 import threading
 import time
@@ -50,6 +51,7 @@ import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the endpoints' (string) annotations here
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+log = logging.getLogger(__name__)
 DEFAULT_API_PORT = 8080
 MAX_N = 8  # choices per request: each is a request to the engine
 MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
@@ -540,7 +542,10 @@ def _chat_ids(st: State, messages: list[dict[str, Any]]) -> list[int]:
             raise ApiError(400, f"messages[{i}] needs a 'role' and a text 'content'", param=f"messages.{i}")
         plain.append({"role": m["role"], "content": content})
     text = st.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
-    return list(st.tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = list(st.tokenizer(text, add_special_tokens=False)["input_ids"])
+    # what the model sees (usage.prompt_tokens counts these ids): at DEBUG, for checking a template
+    log.debug("chat prompt (%d tokens, the chat template's rendering): %r", len(ids), text)
+    return ids
 
 
 def _jobs(st: State, req: _Request, prompts: list[list[int]], chat: bool) -> list[Job]:

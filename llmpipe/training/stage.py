@@ -189,7 +189,7 @@ def plot_loss(metrics: list[dict[str, Any]], png: Path) -> None:
 # version 5: the export carries the tokenizer's bos / eos / pad ids and use_cache: true, its tokenizer the
 # model's positions as model_max_length; the tiny preset takes head size 32 and an MLP of 192
 @stage("pretrain", version="5", inputs=("tokenize", "tokenizer"), config_field="train", flow="pretrain",
-       extra="train", requires=lambda cfg: ("torch", "transformers", "tokenizers", "matplotlib", *(
+       extra="train", model=True, requires=lambda cfg: ("torch", "transformers", "tokenizers", "matplotlib", *(
            ("deepspeed",) if "deepspeed" in (cfg.train.strategy, cfg.train.launch.launcher) else ())))
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrain a Llama-style model with torchrun/DeepSpeed workers and export it with its tokenizer."""

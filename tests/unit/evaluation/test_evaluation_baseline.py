@@ -104,7 +104,7 @@ def test_stage_reports_model_beside_baseline(toy_lm, fresh_store) -> None:  # no
 
     out = fresh_store.new_tmp_dir("evaluate", "k1")
     ctx = StageContext(spec=STAGES["evaluate"], config=EvaluateConfig(max_sequences=8, prompts=[]), pipeline=None,
-                       key="k1", out=out, inputs={"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
+                       key="k1", out=out, inputs={"model": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
                        input_keys={"pretrain": "p", "tokenize": "t"}, store=fresh_store, executor=LocalExecutor(1))
     stats = run_evaluate(ctx)
     res = json.loads((out / RESULTS).read_text())

@@ -93,7 +93,7 @@ def test_stage_reports_documents_and_kn_beside_unigram(toy_lm, fresh_store) -> N
     out = fresh_store.new_tmp_dir("evaluate", "k1")
     cfg = EvaluateConfig(max_sequences=16, prompts=[], documents=6)
     ctx = StageContext(spec=STAGES["evaluate"], config=cfg, pipeline=None, key="k1", out=out,
-                       inputs={"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
+                       inputs={"model": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
                        input_keys={"pretrain": "p", "tokenize": "t"}, store=fresh_store, executor=LocalExecutor(1))
     stats = run_evaluate(ctx)
     res = json.loads((out / RESULTS).read_text())

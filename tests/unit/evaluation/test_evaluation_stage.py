@@ -30,7 +30,7 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     cfg = EvaluateConfig(max_sequences=12, prompts=["The dog"], max_new_tokens=6,
                          tasks=[TaskConfig(name="cloze", path=str(task))],
                          harness={"tasks": ["tiny_mc", "tiny_docs"], "batch_size": 4})
-    inputs = {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize}
+    inputs = {"model": toy_lm.pretrain, "tokenize": toy_lm.tokenize}
 
     ctx1 = make_ctx(fresh_store, cfg, inputs, fresh_store.new_tmp_dir("evaluate", "k1"), "k1")
     stats1 = run_evaluate(ctx1)
@@ -65,7 +65,7 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
     # a "newer model": the same weights saved again under another key; its table shows the first beside it
     other = tmp_path / "pretrain2"
     shutil.copytree(toy_lm.pretrain, other)
-    ctx2 = make_ctx(fresh_store, cfg, {**inputs, "pretrain": other}, fresh_store.new_tmp_dir("evaluate", "k2"), "k2")
+    ctx2 = make_ctx(fresh_store, cfg, {**inputs, "model": other}, fresh_store.new_tmp_dir("evaluate", "k2"), "k2")
     stats2 = run_evaluate(ctx2)
     assert stats2["previous_key"] == "k1"
     assert stats2["perplexity_change"] == pytest.approx(0.0, abs=1e-6)
@@ -80,7 +80,7 @@ def test_stage_writes_results_and_compares_with_previous(toy_lm, fresh_store, tm
 
 def test_missing_task_file_is_a_clear_error(toy_lm, fresh_store, tmp_path: Path) -> None:  # noqa: ANN001
     cfg = EvaluateConfig(max_sequences=2, prompts=[], tasks=[TaskConfig(name="x", path=str(tmp_path / "no.jsonl"))])
-    ctx = make_ctx(fresh_store, cfg, {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
+    ctx = make_ctx(fresh_store, cfg, {"model": toy_lm.pretrain, "tokenize": toy_lm.tokenize},
                    tmp_path / "out", "k")
     with pytest.raises(FileNotFoundError, match="evaluate.tasks: no task file"):
         run_evaluate(ctx)

@@ -154,7 +154,9 @@ def test_post_training_is_off_unless_the_config_turns_it_on() -> None:
     chat = plan(load_config(ROOT / "configs" / "tiny-chat.yaml"))
     assert chat["sft"].input_keys["pretrain"] == tiny["pretrain"].key and "sft.data" in chat["sft"].input_keys
     assert chat["preference"].input_keys["sft"] == chat["sft"].key
-    assert all(chat[n].key == tiny[n].key for n in tiny)  # everything else: tiny.yaml's keys
+    # everything up to pretrain: tiny.yaml's keys; evaluate, quantize, deploy take the tuned model
+    # (tests/unit/test_model_input.py)
+    assert all(chat[n].key == tiny[n].key for n in tiny if n not in ("evaluate", "quantize", "deploy"))
     with pytest.raises(ValueError, match="--until sft: the stage is off in this config"):
         check_extras(load_config(ROOT / "configs" / "tiny.yaml"), until="sft")
     with pytest.raises(ConfigError, match="preference.enabled: DPO starts from the sft model"):
@@ -208,3 +210,34 @@ def test_the_stage_counts_what_decontamination_removed() -> None:
     cfg = SftConfig().curation.model_copy(update={"langid": None, "quality": None, "safety": None})
     kept, rejected, _ = curate([("x.jsonl:1", pairs[0])], [], cfg, None)
     assert kept == [("x.jsonl:1", pairs[0])] and rejected == []
+
+
+def test_evaluate_measures_a_tuned_model_on_the_stages_held_out_pairs(tiny: tuple[Path, object],
+                                                                      tmp_path: Path) -> None:
+    """What evaluate adds for a DPO model: accuracy and reward margin on the preference stage's held-out
+    pairs (read back from the stage's curation/kept.jsonl: reference-free, beta times the log-likelihood
+    margin), chat samples through the template."""
+    from transformers import AutoModelForCausalLM
+
+    from llmpipe.posttrain import curate as cur
+    from llmpipe.posttrain.data import read_records, split
+    from llmpipe.posttrain.stage import SAMPLE_PROMPTS, tuned_measures
+
+    path, tok = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    cfg = load_config(ROOT / "configs" / "tiny-chat.yaml", ["preference.held_out=0.05"])
+    records, bad = read_records(cfg.preference.data, cfg.base_dir(), "preferences")
+    kept, rejected, pii = cur.curate(records, bad, cfg.preference.curation, cfg.preference.decontaminate_ngram)
+    cur.write(tmp_path, len(records) + len(bad), kept, rejected, pii)  # what the preference stage writes
+    held = split([item for _w, item in kept], cfg.preference.held_out)[1]
+    got = tuned_measures(cfg, "preference", tmp_path, model, tok)
+    c, r = dpo.pair_logps(model, tok, held, cfg.preference.max_length)
+    assert got["held_out_pairs"] == len(held) > 0
+    assert got["preference_accuracy"] == pytest.approx(float((c > r).double().mean()))
+    assert got["reward_margin"] == pytest.approx(cfg.preference.beta * float((c - r).mean()))
+    assert [s["prompt"] for s in got["chat_samples"]] == [p.prompt[-1][1] for p in held[:SAMPLE_PROMPTS]]
+    records, bad = read_records(cfg.sft.data, cfg.base_dir(), "instructions")
+    kept, rejected, pii = cur.curate(records, bad, cfg.sft.curation, cfg.sft.decontaminate_ngram)
+    cur.write(tmp_path / "sft", len(records) + len(bad), kept, rejected, pii)
+    sft_only = tuned_measures(cfg, "sft", tmp_path / "sft", model, tok)  # no preference pairs for an sft model: samples only
+    assert "preference_accuracy" not in sft_only and len(sft_only["chat_samples"]) == SAMPLE_PROMPTS

@@ -43,8 +43,8 @@ def evaluated(toy_lm, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001
     cfg = EvaluateConfig(max_sequences=None, prompts=["The cat"], max_new_tokens=8,
                          harness={"tasks": ["tiny_mc", "tiny_docs"]})
     run_evaluate(ctx_for("evaluate", cfg,
-                         {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize}, ev, store))
-    return root, store, {"pretrain": toy_lm.pretrain, "tokenize": toy_lm.tokenize, "evaluate": ev}
+                         {"model": toy_lm.pretrain, "tokenize": toy_lm.tokenize}, ev, store))
+    return root, store, {"model": toy_lm.pretrain, "tokenize": toy_lm.tokenize, "evaluate": ev}
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,7 @@ def test_the_stage_refuses_before_any_work(tmp_path: Path) -> None:
     out.mkdir()
     ctx = StageContext(spec=STAGES["quantize"], config=QuantizeConfig(device="cpu"),
                        pipeline=_pipeline({"target": "gpu", "backend": "vllm"}), key="k", out=out,
-                       inputs={"pretrain": pretrain, "tokenize": tmp_path / "none", "evaluate": tmp_path / "none"},
+                       inputs={"model": pretrain, "tokenize": tmp_path / "none", "evaluate": tmp_path / "none"},
                        input_keys={}, store=ArtifactStore(tmp_path / "store"), log=logging.getLogger("t"))
     with pytest.raises(ServingReadinessError, match="would not serve"):
         run_quantize(ctx)
