@@ -14,6 +14,7 @@ import functools
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ class Engine:
 
     name = "base"
     checkpoint_format = "dcp"  # how ``save`` writes (``resume.py``: which engines can read it back)
+    saves_async = False  # whether ``save_async`` writes in the background (DCP engines)
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
@@ -198,6 +200,12 @@ class Engine:
     def save(self, path: Path) -> None:  # collective
         raise NotImplementedError
 
+    def save_async(self, path: Path) -> Future[Any] | None:  # collective
+        """Start a save into ``path`` and return once the state is staged (copied off the model), with
+        the future of the write; None when this engine wrote synchronously (the default: ``save``)."""
+        self.save(path)
+        return None
+
     def load(self, path: Path) -> None:  # collective
         raise NotImplementedError
 
@@ -242,6 +250,8 @@ class DCPEngine(Engine):
     """Checkpoints of DTensor-sharded models (FSDP2, tensor parallel) via torch.distributed.checkpoint."""
 
     module: torch.nn.Module
+    saves_async = True
+    _save_group: Any = None  # the gloo group of asynchronous saves (``save_async``), made on first use
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -255,6 +265,22 @@ class DCPEngine(Engine):
         dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
         if self.scaler is not None and _rank() == 0:  # the same on every rank (its inf flag is all-reduced)
             torch.save(self.scaler.state_dict(), path / "scaler.pt")
+
+    def save_async(self, path: Path) -> Future[Any] | None:
+        """``dcp.async_save``: the state is staged into CPU memory here (a copy, so the next optimizer
+        steps cannot change what is written), then a background thread writes it and the returned
+        future completes once every rank's files and the metadata are written. The thread's
+        collectives run on a gloo group of their own (torchtitan's way): on the training group they
+        would interleave with the step's all-reduces in a different order on each rank (and NCCL
+        cannot stage to CPU)."""
+        import torch.distributed.checkpoint as dcp
+
+        if dist.is_initialized() and self._save_group is None:
+            self._save_group = dist.new_group(backend="gloo")
+        future = dcp.async_save(self._state(), checkpoint_id=str(path / "dcp"), process_group=self._save_group)
+        if self.scaler is not None and _rank() == 0:
+            torch.save(self.scaler.state_dict(), path / "scaler.pt")
+        return future
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
