@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from llmpipe.training.config import TrainConfig
+from llmpipe.training.model import materialize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -221,6 +222,11 @@ def compile_blocks(model: torch.nn.Module) -> None:
         layer.compile()
 
 
+def _on_meta(model: torch.nn.Module) -> bool:
+    """Whether ``model`` was built on the meta device (``build_model(meta=True)``): shard, then materialize."""
+    return next(model.parameters()).is_meta
+
+
 def _fully_shard(model: torch.nn.Module, cfg: TrainConfig, mesh: Any = None) -> bool:
     """Per-decoder-layer ``fully_shard`` plus the root (over ``mesh``, default: all ranks); whether
     FSDP casts the parameters itself (bf16/fp16), so autocast is off."""
@@ -347,10 +353,13 @@ class FSDP2Engine(DCPEngine):
     name = "fsdp2"
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-        model = model.to(device)
+        meta = _on_meta(model)
+        model = model if meta else model.to(device)
         if cfg.compile:
             compile_blocks(model)
         casts = _fully_shard(model, cfg)
+        if meta:
+            materialize(model, device, cfg.seed)
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32  # FSDP casts parameters itself
@@ -381,12 +390,15 @@ class TensorParallelEngine(DCPEngine):
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         from llmpipe.training.parallel import device_mesh, parallelize
 
-        model = model.to(device)
+        meta = _on_meta(model)
+        model = model if meta else model.to(device)
         self.mesh = device_mesh(device, _world(), cfg.parallel.tensor)
         parallelize(model, self.mesh["tp"])
         if cfg.compile:
             compile_blocks(model)
         casts = self.mesh["dp"].size() > 1 and _fully_shard(model, cfg, self.mesh["dp"])
+        if meta:
+            materialize(model, device, cfg.seed)
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32

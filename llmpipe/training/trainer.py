@@ -156,7 +156,8 @@ class Trainer:
 
         tok_dir = self.spec.get("tokenizer_dir")  # the special ids the model is built with
         model, attn = build_model(cfg, int(self.spec["vocab_size"]), self.device,
-                                  token_ids=tokenizer_token_ids(tok_dir) if tok_dir else None)
+                                  token_ids=tokenizer_token_ids(tok_dir) if tok_dir else None,
+                                  meta=self.meta_init())
         self.model_config = model.config
         self.attn = attn
         if self.rank == 0:
@@ -191,6 +192,14 @@ class Trainer:
             table = self.spec.get("token_bytes")  # UTF-8 bytes per token id (the stage writes it)
             self.token_bytes = torch.as_tensor(np.load(table), device=self.device) if table else None
         torch.manual_seed(cfg.seed + self.dp_rank)  # one stream per replica: a tensor group draws alike
+
+    def meta_init(self) -> bool:
+        """Build the model on the meta device when an engine shards it (FSDP2, tensor parallel) and it is
+        freshly seeded: each rank then allocates only its shards (``model.materialize``), never the
+        whole model. DDP and DeepSpeed hold it whole anyway; pipeline stages cut it first."""
+        cfg = self.cfg
+        return (cfg.strategy == "fsdp2" or cfg.parallel.tensor > 1) and cfg.parallel.pipeline == 1 \
+            and not cfg.model.init_from
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def layout(self) -> Any:
