@@ -185,8 +185,8 @@ class Trainer:
         self.pending_save: tuple[Path, Path, dict[str, Any], Any] | None = None
         self.save_blocked_s = 0.0  # how long the last save_checkpoint held up training
         if cfg.checkpoint.async_save and not self.engine.saves_async and self.rank == 0:
-            log.info("train.checkpoint.async_save: the %s engine has no DCP checkpoint; it saves synchronously",
-                     self.engine.name)
+            log.info("train.checkpoint.async_save: the %s engine saves synchronously (asynchronous saves: "
+                     "DDP, FSDP2, tensor parallel)", self.engine.name)
         if cfg.eval_every:
             self.eval_source = open_packed(self.spec["data_dir"], cfg.eval_split)
             table = self.spec.get("token_bytes")  # UTF-8 bytes per token id (the stage writes it)
