@@ -137,3 +137,16 @@ def test_a_run_killed_behind_an_async_save_resumes_to_the_same_bytes(tmp_path: P
     out, _ = _run(root, packed, worker_spec, train)
     assert [json.loads(x)["step"] for x in (root / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     assert out == ref
+
+
+@pytest.mark.slow
+def test_an_engine_without_async_saves_says_so_and_saves(tmp_path: Path, packed: Path, tiny_train, worker_spec) -> None:
+    """Pipeline stages (2 ranks) save synchronously under ``async_save: true``, saying so in one line."""
+    lines: list[str] = []
+    cfg = TrainConfig(**tiny_train(parallel={"pipeline": 2}, max_steps=4,
+                                   checkpoint={"every": 2, "keep": 5, "async_save": True}))
+    launch(cfg.launch, worker_spec(cfg, packed, tmp_path), tmp_path, on_log=lines.append)
+    said = [ln for ln in lines if "saves synchronously" in ln]
+    assert len(said) == 1 and "the pp engine" in said[0], said
+    assert all("async write under way" not in ln for ln in lines)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]
