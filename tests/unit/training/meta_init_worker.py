@@ -15,8 +15,12 @@ if __name__ == "__main__":
     trainer = Trainer(json.loads(Path(sys.argv[1]).read_text()))
     trainer.setup()
     on_meta = trainer.meta_init()
+    # what this rank holds: its shards (a DTensor's local part), not the whole model
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                for p in trainer.engine.module.parameters())
     sd = trainer.engine.full_state_dict()
     if sd is not None:
-        torch.save({"state": sd, "meta": on_meta, "engine": trainer.engine.name}, sys.argv[2])
+        torch.save({"state": sd, "meta": on_meta, "engine": trainer.engine.name, "local_numel": local},
+                   sys.argv[2])
     if trainer.dist is not None:
         trainer.dist.destroy_process_group()

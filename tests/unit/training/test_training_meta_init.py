@@ -60,3 +60,4 @@ def test_sharded_meta_init_gathers_to_the_eager_weights(case: dict[str, Any], tm
     eager = build_model(TrainConfig(**train), 128, torch.device("cpu"))[0].state_dict()  # the spec's vocabulary
     assert list(got["state"]) == list(eager)
     assert [k for k, v in got["state"].items() if not torch.equal(v, eager[k])] == []
+    assert got["local_numel"] < 0.8 * sum(v.numel() for v in eager.values())  # rank 0 holds its shards only
