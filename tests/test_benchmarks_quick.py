@@ -31,6 +31,7 @@ NEEDS_VLLM = pytest.mark.skipif(vllm_python() is None and vllm_python(base=ROOT)
 # script -> (timeout in seconds, marks). Slow: the quick run starts servers, worker processes or a
 # whole (short) pipeline; the others take seconds.
 QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
+    "async_checkpoint.py": (300, (SLOW,)),  # two 2-rank torchrun runs
     "awq.py": (600, (SLOW,)),
     "cache_overhead.py": (900, (SLOW,)),
     "coherence.py": (300, (SLOW,)),

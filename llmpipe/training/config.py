@@ -101,6 +101,9 @@ class CheckpointConfig(Section):
     keep: int = run_setting(2, gt=0, description="newest checkpoints kept")
     dir: str | None = run_setting(None, description="default: <store>/pretrain/_runs/<key>")
     resume: bool = run_setting(True, description="continue from the newest checkpoint when there is one")
+    async_save: bool = run_setting(True, description="DCP engines (DDP, FSDP2, tensor parallel) write checkpoints "
+                                   "in the background while training goes on (dcp.async_save; a CPU copy of "
+                                   "each rank's state); DeepSpeed and pipeline stages save synchronously")
 
 
 class LossConfig(Section):

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from llmpipe.training.config import TrainConfig
+from llmpipe.training.model import materialize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -120,6 +122,7 @@ class Engine:
 
     name = "base"
     checkpoint_format = "dcp"  # how ``save`` writes (``resume.py``: which engines can read it back)
+    saves_async = False  # whether ``save_async`` writes in the background (DCP engines)
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
@@ -198,6 +201,12 @@ class Engine:
     def save(self, path: Path) -> None:  # collective
         raise NotImplementedError
 
+    def save_async(self, path: Path) -> Future[Any] | None:  # collective
+        """Start a save into ``path`` and return once the state is staged (copied off the model), with
+        the future of the write; None when this engine wrote synchronously (the default: ``save``)."""
+        self.save(path)
+        return None
+
     def load(self, path: Path) -> None:  # collective
         raise NotImplementedError
 
@@ -211,6 +220,11 @@ def compile_blocks(model: torch.nn.Module) -> None:
     compiled blocks, where a whole-model compile of a sharded model would trace through them."""
     for layer in model.model.layers:
         layer.compile()
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    """Whether ``model`` was built on the meta device (``build_model(meta=True)``): shard, then materialize."""
+    return next(model.parameters()).is_meta
 
 
 def _fully_shard(model: torch.nn.Module, cfg: TrainConfig, mesh: Any = None) -> bool:
@@ -242,6 +256,8 @@ class DCPEngine(Engine):
     """Checkpoints of DTensor-sharded models (FSDP2, tensor parallel) via torch.distributed.checkpoint."""
 
     module: torch.nn.Module
+    saves_async = True
+    _save_group: Any = None  # the gloo group of asynchronous saves (``save_async``), made on first use
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -255,6 +271,22 @@ class DCPEngine(Engine):
         dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
         if self.scaler is not None and _rank() == 0:  # the same on every rank (its inf flag is all-reduced)
             torch.save(self.scaler.state_dict(), path / "scaler.pt")
+
+    def save_async(self, path: Path) -> Future[Any] | None:
+        """``dcp.async_save``: the state is staged into CPU memory here (a copy, so the next optimizer
+        steps cannot change what is written), then a background thread writes it and the returned
+        future completes once every rank's files and the metadata are written. The thread's
+        collectives run on a gloo group of their own (torchtitan's way): on the training group they
+        would interleave with the step's all-reduces in a different order on each rank (and NCCL
+        cannot stage to CPU)."""
+        import torch.distributed.checkpoint as dcp
+
+        if dist.is_initialized() and self._save_group is None:
+            self._save_group = dist.new_group(backend="gloo")
+        future = dcp.async_save(self._state(), checkpoint_id=str(path / "dcp"), process_group=self._save_group)
+        if self.scaler is not None and _rank() == 0:
+            torch.save(self.scaler.state_dict(), path / "scaler.pt")
+        return future
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -321,10 +353,13 @@ class FSDP2Engine(DCPEngine):
     name = "fsdp2"
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-        model = model.to(device)
+        meta = _on_meta(model)
+        model = model if meta else model.to(device)
         if cfg.compile:
             compile_blocks(model)
         casts = _fully_shard(model, cfg)
+        if meta:
+            materialize(model, device, cfg.seed)
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32  # FSDP casts parameters itself
@@ -355,12 +390,15 @@ class TensorParallelEngine(DCPEngine):
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> None:
         from llmpipe.training.parallel import device_mesh, parallelize
 
-        model = model.to(device)
+        meta = _on_meta(model)
+        model = model if meta else model.to(device)
         self.mesh = device_mesh(device, _world(), cfg.parallel.tensor)
         parallelize(model, self.mesh["tp"])
         if cfg.compile:
             compile_blocks(model)
         casts = self.mesh["dp"].size() > 1 and _fully_shard(model, cfg, self.mesh["dp"])
+        if meta:
+            materialize(model, device, cfg.seed)
         super().__init__(model, cfg, device)
         if casts:
             self.amp_dtype = torch.float32

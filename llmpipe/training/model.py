@@ -8,9 +8,12 @@ cache (``use_cache: false``); the exported model (:func:`ready_for_inference`) t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +100,10 @@ def choose_attention(requested: str, device: torch.device) -> str:
 
 
 def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                token_ids: dict[str, int | None] | None = None) -> Any:
+                token_ids: dict[str, int | None] | None = None, meta: bool = False) -> Any:
     """A seeded fresh model or one continued from ``cfg.model.init_from``; attention chosen for the device;
-    the tokenizer's special ids (``token_ids``) in its config."""
+    the tokenizer's special ids (``token_ids``) in its config. ``meta``: a fresh model's parameters on the
+    meta device (no memory, no values): the sharded engines shard it, then :func:`materialize` it."""
     from transformers import AutoModelForCausalLM
 
     attn = choose_attention(cfg.model.attention, device)
@@ -112,7 +116,8 @@ def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dt
     else:
         conf = llama_config(cfg.model.preset, vocab_size, cfg.model.overrides, token_ids)
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn).to(dtype)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn).to(dtype)
     for k, v in (token_ids or {}).items():  # a checkpoint continued with this tokenizer takes its ids
         setattr(model.config, k, v)
     model.config.use_cache = False
@@ -120,6 +125,85 @@ def build_model(cfg: Any, vocab_size: int, device: torch.device, dtype: torch.dt
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, attn
+
+
+def _preorder(m: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    yield m
+    for c in m.children():
+        yield from _preorder(c)
+
+
+def _postorder(m: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    for c in m.children():
+        yield from _postorder(c)
+    yield m
+
+
+def _set(param: torch.nn.Parameter, full: torch.Tensor) -> None:
+    """Write a full tensor into a parameter: whole, or this rank's shard of it (a DTensor, FSDP2 or
+    tensor parallel: the same chunking as ``distribute_tensor``, no communication)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = full.to(param.dtype)
+    if isinstance(param, DTensor):
+        shard = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+def _construction_draws(module: torch.nn.Module) -> None:
+    """The random numbers ``torch.nn``'s own constructors draw for ``module`` (``reset_parameters``),
+    drawn into a scratch tensor and dropped: HF's init then overwrites them, but they move the stream."""
+    if isinstance(module, torch.nn.Linear):
+        torch.nn.init.kaiming_uniform_(torch.empty(module.weight.shape), a=math.sqrt(5))
+        if module.bias is not None:
+            bound = 1 / math.sqrt(module.in_features)
+            torch.nn.init.uniform_(torch.empty(module.bias.shape), -bound, bound)
+    elif isinstance(module, torch.nn.Embedding):
+        torch.nn.init.normal_(torch.empty(module.weight.shape))
+
+
+def _hf_init(module: torch.nn.Module, std: float) -> None:
+    """What transformers' init gives a Llama module (normal(0, initializer_range) matrices, a zero
+    padding row and biases, unit norms), written one parameter at a time."""
+    if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        full = torch.empty(module.weight.shape).normal_(0.0, std)
+        if isinstance(module, torch.nn.Embedding) and module.padding_idx is not None:
+            full[module.padding_idx] = 0
+        _set(module.weight, full)
+        if getattr(module, "bias", None) is not None:
+            _set(module.bias, torch.zeros(module.bias.shape))
+    elif "RMSNorm" in type(module).__name__:
+        _set(module.weight, torch.ones(module.weight.shape))
+
+
+@torch.no_grad()
+def materialize(model: Any, device: torch.device, seed: int) -> None:
+    """Give a model built on the meta device (``build_model(meta=True)``), already sharded, its memory on
+    ``device`` and the weights the eager build gives for ``seed``, one full parameter at a time (the
+    largest: the embedding), so no rank ever holds the whole unsharded model (torchtitan's meta init).
+
+    The eager build draws, in order: the base model's ``torch.nn`` constructor inits, its HF init
+    (``post_init`` of ``LlamaModel``, modules children first), then the LM head's constructor init and
+    HF init. The same draws are replayed here from the same seed; HF's own ``init_weights()`` on the
+    sharded model draws each shard through DTensor's random ops, and its weights differ from the eager
+    build's (measured on 2 CPU ranks).
+    The test holds this to the eager build's full state dict, bit for bit.
+    """
+    model.to_empty(device=device)
+    std = model.config.initializer_range
+    torch.manual_seed(seed)
+    for part in (model.model, model.lm_head):
+        for m in _preorder(part):
+            _construction_draws(m)
+        for m in _postorder(part):
+            _hf_init(m, std)
+    for m in model.modules():  # the rotary tables: computed, not drawn; rebuilt on the device
+        if "RotaryEmbedding" in type(m).__name__:
+            fresh = type(m)(config=model.config)
+            for name, buf in fresh.named_buffers():
+                m.get_buffer(name).copy_(buf)
 
 
 def flops_per_token(model_config: Any, seq_len: int) -> float:

@@ -156,7 +156,8 @@ class Trainer:
 
         tok_dir = self.spec.get("tokenizer_dir")  # the special ids the model is built with
         model, attn = build_model(cfg, int(self.spec["vocab_size"]), self.device,
-                                  token_ids=tokenizer_token_ids(tok_dir) if tok_dir else None)
+                                  token_ids=tokenizer_token_ids(tok_dir) if tok_dir else None,
+                                  meta=self.meta_init())
         self.model_config = model.config
         self.attn = attn
         if self.rank == 0:
@@ -180,11 +181,25 @@ class Trainer:
         self.last_loss_scale: float | None = None
         self.loss_ema: float | None = None
         self.loader: Any = None  # the prefetching batch loader while ``run`` trains
+        # the save in flight: (hidden folder, final folder, state.json, the write's future or None)
+        self.pending_save: tuple[Path, Path, dict[str, Any], Any] | None = None
+        self.save_blocked_s = 0.0  # how long the last save_checkpoint held up training
+        if cfg.checkpoint.async_save and not self.engine.saves_async and self.rank == 0:
+            log.info("train.checkpoint.async_save: the %s engine saves synchronously (asynchronous saves: "
+                     "DDP, FSDP2, tensor parallel)", self.engine.name)
         if cfg.eval_every:
             self.eval_source = open_packed(self.spec["data_dir"], cfg.eval_split)
             table = self.spec.get("token_bytes")  # UTF-8 bytes per token id (the stage writes it)
             self.token_bytes = torch.as_tensor(np.load(table), device=self.device) if table else None
         torch.manual_seed(cfg.seed + self.dp_rank)  # one stream per replica: a tensor group draws alike
+
+    def meta_init(self) -> bool:
+        """Build the model on the meta device when an engine shards it (FSDP2, tensor parallel) and it is
+        freshly seeded: each rank then allocates only its shards (``model.materialize``), never the
+        whole model. DDP and DeepSpeed hold it whole anyway; pipeline stages cut it first."""
+        cfg = self.cfg
+        return (cfg.strategy == "fsdp2" or cfg.parallel.tensor > 1) and cfg.parallel.pipeline == 1 \
+            and not cfg.model.init_from
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def layout(self) -> Any:
@@ -198,35 +213,69 @@ class Trainer:
         return done[-1] if done else None
 
     def save_checkpoint(self) -> Path:
+        """Save this step's state into a hidden folder that becomes ``step_<n>`` once complete.
+
+        ``train.checkpoint.async_save`` on a DCP engine: this returns once the state is staged and
+        the write goes on behind the next steps; the checkpoint is committed (``state.json``, written
+        last, then the rename) by :meth:`poll_save` once every rank's write finished, so a run killed
+        meanwhile resumes from the previous complete one. At most one save is in flight: a new one
+        first finishes the last.
+        """
         import numpy as np
         import torch
 
+        self.finish_save()
+        t0 = time.perf_counter()
         final = self.ckpt_root / f"step_{self.step:08d}"
         tmp = self.ckpt_root / f".tmp-step_{self.step:08d}"
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if self.rank == 0:  # a hidden folder left by a killed run never became a checkpoint
+            for stale in self.ckpt_root.glob(".tmp-step_*"):
+                shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         self._barrier()
-        self.engine.save(tmp)
+        future = self.engine.save_async(tmp) if self.cfg.checkpoint.async_save else self.engine.save(tmp)
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         torch.save(rng, tmp / f"rng_rank{self.rank}.pt")
+        state = {"step": self.step, "samples": self.step * self.cfg.global_batch_size,
+                 "nonfinite_total": self.nonfinite_total, "nonfinite_streak": self.nonfinite_streak,
+                 "spikes": self.spikes, "loss_ema": self.loss_ema, "world": self.world,
+                 "overflow_total": self.overflow_total, "overflow_streak": self.overflow_streak,
+                 "layout": self.layout().to_json()}  # what a resume checks before it loads
+        self.pending_save = (tmp, final, state, future)
+        if future is None:
+            self.finish_save()
+        self.save_blocked_s = time.perf_counter() - t0
+        if self.rank == 0:
+            log.info("checkpoint step %d: training blocked %.3fs (%s)", self.step, self.save_blocked_s,
+                     "async write under way" if future is not None else "written")
+        return final
+
+    def poll_save(self) -> None:
+        """Commit the save in flight once every rank's write is done (one all-reduce per step while
+        one is in flight: the ranks decide together, so they commit at the same step)."""
+        if self.pending_save is not None and not self._any(not self.pending_save[3].done()):
+            self.finish_save()
+
+    def finish_save(self) -> None:
+        """Wait for the save in flight (if any) and commit it: ``state.json`` written last marks it
+        complete, then the rename to ``step_<n>`` and pruning to ``train.checkpoint.keep``."""
+        if self.pending_save is None:
+            return
+        tmp, final, state, future = self.pending_save
+        self.pending_save = None
+        if future is not None:
+            future.result()  # raises the write's error, if any, here
         self._barrier()
         if self.rank == 0:
-            state = {"step": self.step, "samples": self.step * self.cfg.global_batch_size,
-                     "nonfinite_total": self.nonfinite_total, "nonfinite_streak": self.nonfinite_streak,
-                     "spikes": self.spikes, "loss_ema": self.loss_ema, "world": self.world,
-                     "overflow_total": self.overflow_total, "overflow_streak": self.overflow_streak,
-                     "layout": self.layout().to_json()}  # what a resume checks before it loads
             (tmp / "state.json").write_text(json.dumps(state))  # written last: marks it complete
             shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
             for old in sorted(p for p in self.ckpt_root.glob("step_*"))[: -self.cfg.checkpoint.keep]:
                 shutil.rmtree(old, ignore_errors=True)
-            log.info("checkpoint step %d -> %s", self.step, final.name)
+            log.info("checkpoint step %d -> %s", state["step"], final.name)
         self._barrier()
-        return final
 
     def load_checkpoint(self, path: Path) -> None:
         import numpy as np
@@ -455,6 +504,7 @@ class Trainer:
             self.loader = None
         watch.close()
         self.save_checkpoint()
+        self.finish_save()  # the final checkpoint and every earlier one are complete before the export
         self.export()
         import torch
 
@@ -474,6 +524,7 @@ class Trainer:
         while self.step < cfg.max_steps:
             with watch.step(self.step):
                 rec = self.train_step()
+            self.poll_save()
             if cfg.eval_every and (rec["step"] % cfg.eval_every == 0 or rec["step"] == cfg.max_steps):
                 rec.update(self.evaluate())
             rec["memory_mb"] = watch.after_step(rec)

@@ -23,11 +23,12 @@ def _tiny_train(**over: Any) -> dict[str, Any]:
     """A ``train:`` section that runs in a second: tiny model, fp32, lr high enough to learn in 8 steps.
 
     A sub-section in ``over`` is merged into the base one: ``launch={"nproc_per_node": 1}`` keeps the
-    other launch settings.
+    other launch settings. Checkpoints are written synchronously, so a test that kills a run after a
+    save finds it complete (``test_training_async_save.py`` runs the asynchronous ones).
     """
     base: dict[str, Any] = dict(max_steps=6, global_batch_size=8, micro_batch_size=2,
                                 optimizer={"lr": 3e-3}, schedule={"warmup_steps": 1},
-                                checkpoint={"every": 3, "keep": 2},
+                                checkpoint={"every": 3, "keep": 2, "async_save": False},
                                 launch={"nproc_per_node": 2, "timeout_s": 900, "threads_per_process": 1})
     for key, value in over.items():
         merge = isinstance(value, dict) and isinstance(base.get(key), dict)
