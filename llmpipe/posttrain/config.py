@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmpipe.config_base import Section, run_setting
 from llmpipe.curation.config import (
@@ -18,6 +18,7 @@ from llmpipe.curation.config import (
     QualityConfig,
     SafetyConfig,
 )
+from llmpipe.training.config import LaunchConfig
 
 BUILTIN_INSTRUCTIONS = "builtin:instructions"
 BUILTIN_PREFERENCES = "builtin:preferences"
@@ -62,6 +63,14 @@ class PostTrainCuration(Section):
         "write it to curation/rejected.jsonl as error:bad_record and go on (quarantine)"))
 
 
+class SftLaunchConfig(LaunchConfig):
+    """``sft.launch``: pretraining's ``train.launch`` with one process by default (the stage's own
+    process, no launcher); ``nproc_per_node > 1`` starts that many workers under torchrun."""
+
+    nproc_per_node: int = run_setting(1, gt=0, description=(
+        "1: train in the stage's process; more: torchrun workers (llmpipe.posttrain.sft_worker)"))
+
+
 class SftConfig(Section):
     """``sft``: supervised fine-tuning on prompt/response pairs, loss on response tokens only."""
 
@@ -88,6 +97,24 @@ class SftConfig(Section):
     curation: PostTrainCuration = Field(default_factory=PostTrainCuration, description=(
         "langid / quality / safety / dedup on each record's text before decontamination (llmpipe.posttrain.curate)"))
     threads: int = run_setting(0, ge=0, description="torch CPU threads (0: torch's default)")
+    # how, not what: each rank computes its share of a step's pairs and the loss is summed over the
+    # global batch's response tokens, so any process count and either strategy learn the same weights
+    # (tested to 1e-5 against one process); like train.launch and train.parallel, out of the key
+    strategy: Literal["ddp", "fsdp2"] = run_setting("ddp", description=(
+        "with launch.nproc_per_node > 1: DDP (a whole replica per rank) or FSDP2 (fully_shard per "
+        "decoder layer, parameters sharded)"))
+    launch: SftLaunchConfig = run_setting(default_factory=SftLaunchConfig, description=(
+        "how the workers start (train.launch's settings); torchrun on one node"))
+
+    @model_validator(mode="after")
+    def _launchable(self) -> SftConfig:
+        lc = self.launch
+        if lc.launcher != "torchrun" or lc.nodes != 1:
+            raise ValueError(f"sft.launch: sft runs torchrun on one node, got launcher {lc.launcher!r}, nodes {lc.nodes}")
+        if self.batch_size < lc.nproc_per_node:
+            raise ValueError(f"sft.batch_size ({self.batch_size}) must be at least sft.launch.nproc_per_node "
+                             f"({lc.nproc_per_node}): every rank takes a share of each step's pairs")
+        return self
 
 
 class PreferenceConfig(Section):

@@ -159,11 +159,19 @@ def response_loss(model: Any, tokenizer: Any, pairs: list[Pair], max_length: int
 def train(model: Any, tokenizer: Any, pairs: list[Pair], *, steps: int, batch_size: int, lr: float,
           weight_decay: float, max_length: int, seed: int, packing: bool = False,
           on_step: Callable[[int, float], None] | None = None,
-          shapes: list[dict[str, Any]] | None = None) -> list[dict[str, float]]:
+          shapes: list[dict[str, Any]] | None = None, rank: int = 0, world: int = 1,
+          wrap: Callable[[Any], Any] | None = None) -> list[dict[str, float]]:
     """AdamW on the response tokens, linear decay to 0 after 10% warmup; one record per step.
 
     ``packing`` packs each step's pairs (:func:`pack`); ``shapes``, when given, gets one record per
-    step of the row lengths computed and of the pairs' own lengths (what padding would have cost)."""
+    step of the row lengths computed and of the pairs' own lengths (what padding would have cost).
+
+    Data parallel (``world > 1``, under torchrun: ``sft_worker``): every rank draws the same global
+    batch of ``batch_size`` pairs and computes pairs ``rank, rank + world, ...`` of it through
+    ``wrap(model)`` (DDP or FSDP2, which average gradients over ranks). The response-token count is
+    summed over ranks first and each rank's summed loss scaled by ``world / count``, so the averaged
+    gradient is the gradient of the global batch's mean loss per response token: the single-process
+    step, whatever the ranks' shares of tokens. ``shapes`` then records this rank's share."""
     import torch
 
     if packing:
@@ -171,31 +179,35 @@ def train(model: Any, tokenizer: Any, pairs: list[Pair], *, steps: int, batch_si
     torch.manual_seed(seed)
     rows = [encode_pair(tokenizer, p.messages, p.response, max_length) for p in pairs]
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    device = model.device
+    net = wrap(model) if wrap is not None else model
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm))))
-    model.train()
+    net.train()
     log = []
     order = torch.randperm(len(rows), generator=gen).tolist()
     pos = 0
     for step in range(1, steps + 1):
         if pos + batch_size > len(order):
             order, pos = torch.randperm(len(rows), generator=gen).tolist(), 0
-        chosen = [rows[i] for i in order[pos: pos + batch_size]]
+        chosen = [rows[i] for i in order[pos: pos + batch_size]][rank::world]
         pos += batch_size
         bins = pack(chosen, max_length) if packing else [[r] for r in chosen]
         b = collate_packed(bins, tokenizer.pad_token_id) if packing else collate(chosen, tokenizer.pad_token_id)
         if shapes is not None:
             shapes.append({"rows": [sum(len(x) for x, _ in r) for r in bins], "pairs": [len(x) for x, _ in chosen]})
-        s, n = response_loss_terms(batch_logits(model, b), b["labels"].to(model.device))
-        loss = s / n.clamp(min=1)
+        logits = net(**{k: v.to(device) for k, v in b.items() if k != "labels"}, use_cache=False).logits
+        s, n = response_loss_terms(logits, b["labels"].to(device))
+        total_s, total_n = _summed(s.detach(), n, world)
+        loss = s / total_n.clamp(min=1).to(s.dtype) * world  # world 1: exactly s / n
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         sched.step()
-        value = loss.item()
+        value = float(total_s / total_n.clamp(min=1))
         if not math.isfinite(value):
             raise FloatingPointError(f"sft: the loss is {value} at step {step}; lower sft.lr")
         log.append({"step": step, "loss": value, "lr": sched.get_last_lr()[0]})
@@ -203,3 +215,16 @@ def train(model: Any, tokenizer: Any, pairs: list[Pair], *, steps: int, batch_si
             on_step(step, value)
     model.eval()
     return log
+
+
+def _summed(loss_sum: Any, count: Any, world: int) -> tuple[Any, Any]:
+    """(summed loss, response-token count) of the global batch: summed over the ranks when ``world > 1``."""
+    import torch
+
+    if world == 1:
+        return loss_sum, count
+    import torch.distributed as dist
+
+    t = torch.stack([loss_sum.double(), count.double()])
+    dist.all_reduce(t)
+    return t[0], t[1]

@@ -202,6 +202,17 @@ def _packing_stats(packing: bool, shapes: list[dict[str, Any]], seconds: float) 
             "train_tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
 
 
+def _train_distributed(ctx: StageContext, src: Path, pairs: list[Any], on_step: Any) -> tuple[list[Any], list[Any], float]:
+    """``sft.launch.nproc_per_node`` torchrun workers (``llmpipe.posttrain.sft_worker``) train ``pairs``
+    and save the model folder into the stage's output: (step records, rank 0's step shapes, seconds)."""
+    from llmpipe.posttrain.sft_worker import launch_sft
+
+    with tempfile.TemporaryDirectory(prefix="llmpipe-sft-") as run_dir:
+        res = launch_sft(ctx.config, src, pairs, ctx.out, Path(run_dir), on_log=ctx.log.info, on_step=on_step,
+                         rdzv_id=f"sft-{ctx.key[:16]}")
+    return res.summary["records"], res.summary["shapes"], float(res.summary["train_s"])
+
+
 # version 1: own loop, response-only loss, the chat template of the tokenizer; decontaminated data
 # version 2: packing (sft.packing); records through langid / quality / safety / dedup (sft.curation)
 @stage("sft", version="2", inputs=("pretrain",), config_field="sft", flow="post_train", extra="posttrain", model=True,
@@ -223,14 +234,19 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
     before = sft.response_loss(model, tok, held, cfg.max_length)
     shapes: list[dict[str, Any]] = []
     t1 = time.time()
-    records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                        weight_decay=cfg.weight_decay, max_length=cfg.max_length, seed=cfg.seed,
-                        packing=cfg.packing, shapes=shapes,
-                        on_step=lambda s, _loss: ctx.progress("sft steps", s, cfg.max_steps))
-    train_s = time.time() - t1
+    on_step = lambda s, _loss: ctx.progress("sft steps", s, cfg.max_steps)  # noqa: E731
+    if cfg.launch.nproc_per_node > 1:  # torchrun workers train and save the folder; measured here after
+        records, shapes, train_s = _train_distributed(ctx, src, train_pairs, on_step)
+        model, tok = load_model(ctx.out, "sft (the workers' model)")
+    else:
+        records = sft.train(model, tok, train_pairs, steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                            weight_decay=cfg.weight_decay, max_length=cfg.max_length, seed=cfg.seed,
+                            packing=cfg.packing, shapes=shapes, on_step=on_step)
+        train_s = time.time() - t1
     after = sft.response_loss(model, tok, held, cfg.max_length)
     samples = chat_samples(model, tok, [p.messages for p in held[:SAMPLE_PROMPTS]])
-    save_model(model, tok, ctx.out)
+    if cfg.launch.nproc_per_node == 1:
+        save_model(model, tok, ctx.out)
     _write_metrics(ctx.out, records)
     stats = {"init_from": str(cfg.init_from or "pretrain"), **_funnel_stats(funnel), "train_pairs": len(train_pairs),
              "held_out_pairs": len(held), "steps": cfg.max_steps, "first_loss": records[0]["loss"],
