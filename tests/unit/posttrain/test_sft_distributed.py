@@ -91,3 +91,53 @@ def test_a_global_batch_smaller_than_the_world_is_refused() -> None:
         SftConfig(batch_size=1, launch={"nproc_per_node": 2})
     with pytest.raises(ValueError, match="torchrun on one node"):
         SftConfig(launch={"launcher": "deepspeed"})
+
+
+@pytest.mark.slow
+def test_the_sft_stage_with_two_processes_saves_the_single_process_model(tmp_path: Path) -> None:
+    """The stage itself: its torchrun workers save the folder, the stage measures it (held-out loss,
+    chat samples) and reports the steps, and the weights are those ``sft.train`` learns in one process."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from llmpipe.config import load_config
+    from llmpipe.pipeline import load_stages
+    from llmpipe.posttrain import sft
+    from llmpipe.posttrain.curate import read_kept
+    from llmpipe.posttrain.data import split
+    from llmpipe.posttrain.stage import load_model
+    from llmpipe.stage import StageContext
+    from llmpipe.store import ArtifactStore
+    from tests.conftest import ROOT
+
+    src = make_tiny_checkpoint(tmp_path / "ckpt")
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p.prompt[0][1], "response": p.response + suffix}) + "\n"
+                            for suffix in ("", " indeed") for p in PAIRS))
+    pipeline = load_config(ROOT / "configs" / "tiny-chat.yaml", [
+        f"sft.data=[{data}]", "sft.max_steps=3", "sft.batch_size=5", "sft.lr=1e-3", "sft.max_length=64",
+        "sft.held_out=0.2", "sft.decontaminate_ngram=null", "sft.curation.langid=null", "sft.curation.quality=null",
+        "sft.curation.dedup=null", "sft.launch.nproc_per_node=2", "sft.launch.device=cpu",
+        "sft.launch.threads_per_process=1"])
+    cfg = pipeline.sft
+    spec = load_stages()["sft"]
+    out = tmp_path / "out"
+    out.mkdir()
+    steps: list[int] = []
+    ctx = StageContext(spec=spec, config=cfg, pipeline=pipeline, key="test-sft", out=out, inputs={"pretrain": src},
+                       input_keys={"pretrain": "test"}, store=ArtifactStore(tmp_path / "store"),
+                       on_progress=lambda _d, done, _t: steps.append(done))
+    stats = spec.fn(ctx)
+    assert steps == [1, 2, 3] and stats["steps"] == 3 and len(stats["samples"]) > 0
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    train_pairs, held = split(read_kept(out, "instructions"), cfg.held_out)  # what the stage trained on
+    assert len(train_pairs) >= 10
+    model, tok = load_model(src, "test")
+    torch.set_num_threads(1)
+    sft.train(model, tok, train_pairs, steps=3, batch_size=5, lr=1e-3, weight_decay=0.0, max_length=64, seed=0,
+              packing=True)
+    got = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got[k], v, atol=2e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+    assert stats["held_out_response_loss"] == pytest.approx(sft.response_loss(model, tok, held, 64), rel=1e-4)
