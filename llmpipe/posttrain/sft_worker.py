@@ -1,9 +1,9 @@
-"""SFT on several processes: the stage side (:func:`launch_sft`) and the worker (``python -m`` this module).
+"""One SFT worker under torchrun: ``python -m llmpipe.posttrain.sft_worker --config spec.json``.
 
-With ``sft.launch.nproc_per_node > 1`` the sft stage starts its workers as pretraining does, through
-``llmpipe.training.launch.launch`` (torchrun, one session per worker, logs streamed into the stage's
+With ``sft.launch.nproc_per_node > 1`` the sft stage starts its workers as pretraining does
+(``sft_launch.launch_sft``, through ``llmpipe.training.launch.launch`` (torchrun, one session per worker, logs streamed into the stage's
 logger, the failed rank named from ``errors/rank_<r>.json``, the whole tree stopped when the stage
-ends however it ends). Each worker runs :func:`llmpipe.posttrain.sft.train` on its share of every
+ends however it ends)). Each worker runs :func:`llmpipe.posttrain.sft.train` on its share of every
 step's pairs, its model wrapped in DDP or FSDP2 (``sft.strategy``); rank 0 prints one
 ``LLMPIPE_METRIC`` line per step (the stage's progress and ``metrics.jsonl``) and saves the model
 folder. The entry is ``llmpipe.training.trainer.run_worker``, so a worker reports its failure and
@@ -18,36 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmpipe.posttrain.data import Pair
-
-PAIRS_FILE = "pairs.jsonl"
-
-
-def write_pairs(pairs: list[Pair], path: Path) -> None:
-    """The training pairs, in order, for the workers (each reads them all and takes its share per step)."""
-    path.write_text("".join(json.dumps({"prompt": [list(m) for m in p.prompt], "response": p.response},
-                                       ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
-
-
-def read_pairs(path: Path) -> list[Pair]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    return [Pair(tuple((r, c) for r, c in row["prompt"]), row["response"]) for row in rows]
-
-
-def launch_sft(cfg: Any, src: Path, pairs: list[Pair], out: Path, run_dir: Path,
-               on_log: Any = None, on_step: Any = None, rdzv_id: str = "llmpipe-sft") -> Any:
-    """Train ``pairs`` from the model folder ``src`` on ``cfg.launch.nproc_per_node`` torchrun workers
-    (``cfg``: the ``sft`` section) and save the model folder into ``out``; the ``LaunchResult``
-    (``metrics``: one record per step; ``summary``: rank 0's step shapes and training seconds)."""
-    from llmpipe.training.launch import launch
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_pairs(pairs, run_dir / PAIRS_FILE)
-    spec = {"sft": cfg.model_dump(mode="json"), "src": str(src), "out": str(out),
-            "pairs": str(run_dir / PAIRS_FILE)}
-    on_metric = None if on_step is None else (lambda rec: on_step(int(rec["step"]), float(rec["loss"])))
-    return launch(cfg.launch, spec, run_dir, on_log=on_log, on_metric=on_metric, rdzv_id=rdzv_id,
-                  module="llmpipe.posttrain.sft_worker")
+from llmpipe.posttrain.sft_launch import read_pairs
 
 
 class SftWorker:
@@ -76,6 +47,8 @@ class SftWorker:
         device = torch.device(f"cuda:{self.local_rank}" if want_cuda else "cpu")
         if want_cuda:
             torch.cuda.set_device(device)
+            if cfg.launch.deterministic:  # as pretraining's workers (the CPU kernels are deterministic anyway)
+                torch.use_deterministic_algorithms(True, warn_only=True)
         threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)

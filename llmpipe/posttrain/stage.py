@@ -205,7 +205,7 @@ def _packing_stats(packing: bool, shapes: list[dict[str, Any]], seconds: float) 
 def _train_distributed(ctx: StageContext, src: Path, pairs: list[Any], on_step: Any) -> tuple[list[Any], list[Any], float]:
     """``sft.launch.nproc_per_node`` torchrun workers (``llmpipe.posttrain.sft_worker``) train ``pairs``
     and save the model folder into the stage's output: (step records, rank 0's step shapes, seconds)."""
-    from llmpipe.posttrain.sft_worker import launch_sft
+    from llmpipe.posttrain.sft_launch import launch_sft
 
     with tempfile.TemporaryDirectory(prefix="llmpipe-sft-") as run_dir:
         res = launch_sft(ctx.config, src, pairs, ctx.out, Path(run_dir), on_log=ctx.log.info, on_step=on_step,

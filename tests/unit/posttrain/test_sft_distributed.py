@@ -47,7 +47,7 @@ def _single(src: Path, cfg: SftConfig) -> tuple[dict[str, torch.Tensor], list[fl
 def test_two_gloo_ranks_learn_the_single_process_weights(tmp_path: Path, strategy: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from llmpipe.posttrain.sft_worker import launch_sft
+    from llmpipe.posttrain.sft_launch import launch_sft
 
     src = make_tiny_checkpoint(tmp_path / "ckpt")
     cfg = _cfg(strategy, 2)
