@@ -141,3 +141,14 @@ def test_the_sft_stage_with_two_processes_saves_the_single_process_model(tmp_pat
     for k, v in model.state_dict().items():
         torch.testing.assert_close(got[k], v, atol=2e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
     assert stats["held_out_response_loss"] == pytest.approx(sft.response_loss(model, tok, held, 64), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_failing_worker_is_named_with_its_error(tmp_path: Path) -> None:
+    """Pretraining's failure report: the rank and its exception, from the workers' error files."""
+    from llmpipe.posttrain.sft_launch import launch_sft
+    from llmpipe.training.launch import TrainingError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainingError, match=r"rank \d failed: PostTrainError: .*no causal-LM checkpoint folder"):
+        launch_sft(_cfg("ddp", 2), tmp_path / "empty", PAIRS, tmp_path / "out", tmp_path / "run")
