@@ -5,6 +5,8 @@ is the loss mask, and here it is one function (:func:`encode_pair`) that the tra
 held-out response loss and the test on a hand-made batch all share; a tiny model on 2 CPU cores
 then trains without the Trainer's accelerate / datasets setup (seconds of its own per run).
 DPO, whose loss and reference bookkeeping are the subtle part, goes through TRL (``dpo.py``).
+The same loop runs data parallel under torchrun (``sft.launch.nproc_per_node > 1``: ``sft_worker``,
+DDP or FSDP2), each rank on its share of a step's pairs, with the single-process step's arithmetic.
 
 A pair renders as ``apply_chat_template(prompt, add_generation_prompt=True)`` followed by the
 response and the eos token: exactly what the chat endpoint sends the model and what it should answer
