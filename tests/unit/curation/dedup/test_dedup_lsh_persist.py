@@ -130,3 +130,27 @@ def test_external_refresh_lookup_gives_the_partition_scans_edges(tmp_path: Path)
     got = np.concatenate(lookup)
     np.testing.assert_array_equal(got, np.concatenate(scan))
     assert (got[:, 1] < 750).any() and (got[:, 1] >= 750).any()  # anchors in old runs and in the new one
+
+
+def test_memory_refresh_index_of_bucket_mates_gives_the_rebuilt_indexs_edges(tmp_path: Path) -> None:
+    """A refresh inserts only the old documents that share a band key with a new one: same anchors."""
+    from llmpipe.curation.dedup.stage import _bucket_mates, _new_band_keys
+
+    rng = np.random.default_rng(5)
+    sigs = rng.integers(0, 3, size=(700, 32), dtype=np.uint32)  # 3 values a row: crowded buckets
+    sigs[650:] = rng.integers(3, 2**32, size=(50, 32), dtype=np.uint32)
+    sigs[690:] = sigs[660:670]  # buckets only new documents share
+    params = {"bands": 8, "rows": 4}
+    new_idx = np.arange(600, 700, dtype=np.int64)
+
+    def edges(old_rows: np.ndarray) -> np.ndarray:
+        index = DatasketchIndex.create(0.5, 32, (8, 4), seed=1)
+        index.bulk_insert(old_rows, sigs[old_rows])
+        return index.add_and_query(new_idx, sigs[600:])
+
+    np.save(tmp_path / "sig.npy", sigs[600:])
+    mates = _bucket_mates(sigs[:600], _new_band_keys([tmp_path / "sig.npy"], params), params)
+    assert 0 < len(mates) < 600
+    got, want = edges(mates.astype(np.int64)), edges(np.arange(600, dtype=np.int64))
+    np.testing.assert_array_equal(got, want)
+    assert (want[:, 1] < 600).any() and (want[:, 1] >= 600).any()
