@@ -8,8 +8,9 @@ Artifact layout (under the stage's output directory):
   ``duplicate_of``;
 - ``index/meta.json`` (parameters + the ordered input shards with their sha256),
   ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
-  ``index/lsh.json`` (datasketch storage / Redis basename; the memory backend's buckets are rebuilt
-  from the signatures, so a refresh writes the same bytes as a cold run of the same key),
+  ``index/lsh.json`` (datasketch storage / Redis basename; a refresh rebuilds the memory backend's
+  buckets of the old documents that share a band key with a new one from the signatures, so it
+  writes the same bytes as a cold run of the same key),
   ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
 - ``funnel.json`` and ``funnel.png`` (:mod:`llmpipe.curation.funnel`; rejected reasons
   ``exact_duplicate`` / ``near_duplicate``).
