@@ -103,3 +103,54 @@ def test_refresh_publish_reuses_digests_of_linked_files(tmp_path: Path, monkeypa
               and (inc.path / rel).stat().st_ino == (prev.path / rel).stat().st_ino}
     assert "index/shards/part-000/sig.npy" in linked and "shards/part-000.parquet" in linked
     assert not linked & set(hashed) and "index/shards/part-003/docs.parquet" in hashed
+
+
+def test_external_refresh_lookup_gives_the_partition_scans_edges(tmp_path: Path) -> None:
+    """A refresh's binary search of the old runs yields the edges of the full scan, in ascending j."""
+    from llmpipe.curation.dedup.lsh import ExternalIndex
+
+    rng = np.random.default_rng(3)
+    sigs = rng.integers(0, 4, size=(900, 16), dtype=np.uint32)  # 4 values a row: buckets of many members
+    sigs[850:] = rng.integers(4, 2**32, size=(50, 16), dtype=np.uint32)  # buckets only new docs share:
+    sigs[880:] = sigs[850:870]  # their anchors are new documents
+    old_runs = []
+    builder = ExternalIndex([], 8, 2, 512)
+    for s in range(3):  # three old shards, exact-unique rows only (every other one)
+        rows = np.arange(s * 250, (s + 1) * 250)[:: 1 + s % 2]
+        builder.write_run(tmp_path / f"old{s}", rows, sigs[rows])
+        old_runs.append(tmp_path / f"old{s}")
+
+    def edges(budget_mb: float) -> list[np.ndarray]:
+        index = ExternalIndex(old_runs, 8, 2, budget_mb)
+        index.write_run(tmp_path / f"new-{budget_mb}", np.arange(750, 900), sigs[750:900])
+        return list(index.query_new(750, 900, tmp_path / f"spill-{budget_mb}"))
+
+    lookup, scan = edges(512), edges(0.01)  # 0.01 MB: the new records do not fit, the runs are scanned
+    assert len(scan) > 1  # the scan's blocks are smaller (the budget sizes them): compare the edges
+    got = np.concatenate(lookup)
+    np.testing.assert_array_equal(got, np.concatenate(scan))
+    assert (got[:, 1] < 750).any() and (got[:, 1] >= 750).any()  # anchors in old runs and in the new one
+
+
+def test_memory_refresh_index_of_bucket_mates_gives_the_rebuilt_indexs_edges(tmp_path: Path) -> None:
+    """A refresh inserts only the old documents that share a band key with a new one: same anchors."""
+    from llmpipe.curation.dedup.stage import _bucket_mates, _new_band_keys
+
+    rng = np.random.default_rng(5)
+    sigs = rng.integers(0, 3, size=(700, 32), dtype=np.uint32)  # 3 values a row: crowded buckets
+    sigs[650:] = rng.integers(3, 2**32, size=(50, 32), dtype=np.uint32)
+    sigs[690:] = sigs[660:670]  # buckets only new documents share
+    params = {"bands": 8, "rows": 4}
+    new_idx = np.arange(600, 700, dtype=np.int64)
+
+    def edges(old_rows: np.ndarray) -> np.ndarray:
+        index = DatasketchIndex.create(0.5, 32, (8, 4), seed=1)
+        index.bulk_insert(old_rows, sigs[old_rows])
+        return index.add_and_query(new_idx, sigs[600:])
+
+    np.save(tmp_path / "sig.npy", sigs[600:])
+    mates = _bucket_mates(sigs[:600], _new_band_keys([tmp_path / "sig.npy"], params), params)
+    assert 0 < len(mates) < 600
+    got, want = edges(mates.astype(np.int64)), edges(np.arange(600, dtype=np.int64))
+    np.testing.assert_array_equal(got, want)
+    assert (want[:, 1] < 600).any() and (want[:, 1] >= 600).any()
