@@ -106,7 +106,7 @@ def load_pretrained(path: str, cfg: TokenizerConfig) -> Any:
 
 def save(hf_tok: Any, out: Path, source: str) -> dict[str, Any]:
     """Save the tokenizer and the ids llmpipe needs; returns that metadata."""
-    hf_tok.save_pretrained(str(out))
+    save_loaded(hf_tok, out)  # a pretrained one (``tokenizer.pretrained``) was loaded with from_pretrained
     meta = {"vocab_size": len(hf_tok), "bos_id": hf_tok.bos_token_id, "eos_id": hf_tok.eos_token_id,
             "pad_id": hf_tok.pad_token_id, "source": source}
     (out / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
