@@ -4,8 +4,8 @@ Run A is the lifecycle test's cold run (``llmpipe run tiny.yaml`` in a brand-new
 the session fixture ``cold_tiny_run``). Run B is another cold run of the same config in another
 folder: the one ``make run`` published in the repository's ``.llmpipe/store`` (CI runs it before the
 tests), when that store holds every artifact of A's keys under one recorded run and each was made after
-the last change to the code and configs; otherwise this test's own ``llmpipe run configs/tiny.yaml
---no-prefect`` into a temporary store. Each run is its own process with its own store and state folder
+the last change to the code and configs; otherwise this test's own ``llmpipe run configs/tiny.yaml``
+into a temporary store. Each run is its own process with its own store and state folder
 and its own ``PYTHONHASHSEED`` (B's own run sets 2; the others draw theirs at random, as Python does),
 so anything that depends on set or dict-of-str order, on the clock or on a process's history shows up
 as a difference. For every stage the keys must match, every file of both artifacts must match byte for
@@ -36,11 +36,13 @@ CODE = ("llmpipe", "flows", "tasks", "configs", "pyproject.toml")  # what the by
 
 
 def _own_run(root: Path) -> Path:
-    """A cold lifecycle into a fresh store under ``root`` (without Prefect: it writes no artifact file)."""
+    """A cold lifecycle into a fresh store under ``root``, through Prefect's temporary server as run A
+    went (a ``--no-prefect`` run lists other per-shard cache keys in its ingest and quality manifests)."""
     root.mkdir(parents=True)
-    env = {**os.environ, "PYTHONHASHSEED": "2", "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONHASHSEED="2", HF_HUB_OFFLINE="1", PREFECT_HOME=str(root / "prefect-home"))
     cmd = [sys.executable, "-m", "flows.cli", "run", "configs/tiny.yaml", f"store={root / 'store'}",
-           f"state_dir={root / 'state'}", "--no-prefect"]
+           f"state_dir={root / 'state'}"]
     with open(root / "run.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
