@@ -107,6 +107,8 @@ def awq_quantize(fp_dir: Path, out_dir: Path, cfg: QuantizeConfig, calib: Any, a
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from llmpipe.tokenization.tokenizer import save_loaded
+
     tok = AutoTokenizer.from_pretrained(str(fp_dir))
     # oneshot re-reads the config from model.config.name_or_path, so the model must come from disk
     model = AutoModelForCausalLM.from_pretrained(str(fp_dir), dtype=torch.float32)
@@ -122,7 +124,7 @@ def awq_quantize(fp_dir: Path, out_dir: Path, cfg: QuantizeConfig, calib: Any, a
     seconds = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), save_compressed=True)
-    tok.save_pretrained(str(out_dir))
+    save_loaded(tok, out_dir)
     return {"group_size": group, "bits": 4, "symmetric": cfg.symmetric, "quantize_seconds": round(seconds, 3),
             "cpu_pin_memory_fix": patched, "calibration_sequences": len(calib),
             "calibration_tokens": int(sum(len(r) for r in calib["input_ids"]))}

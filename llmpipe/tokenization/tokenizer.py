@@ -106,7 +106,7 @@ def load_pretrained(path: str, cfg: TokenizerConfig) -> Any:
 
 def save(hf_tok: Any, out: Path, source: str) -> dict[str, Any]:
     """Save the tokenizer and the ids llmpipe needs; returns that metadata."""
-    hf_tok.save_pretrained(str(out))
+    save_loaded(hf_tok, out)  # a pretrained one (``tokenizer.pretrained``) was loaded with from_pretrained
     meta = {"vocab_size": len(hf_tok), "bos_id": hf_tok.bos_token_id, "eos_id": hf_tok.eos_token_id,
             "pad_id": hf_tok.pad_token_id, "source": source}
     (out / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
@@ -122,7 +122,19 @@ def save_for_model(tokenizer_dir: str | Path, out: Path, max_positions: int) -> 
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     tok.model_max_length = int(max_positions)
+    save_loaded(tok, out)
+
+
+def save_loaded(tok: Any, out: str | Path) -> None:
+    """``tok.save_pretrained(out)`` for a tokenizer loaded with ``from_pretrained``, without the loading
+    environment: transformers writes ``local_files_only`` (true under ``HF_HUB_OFFLINE``, else false)
+    into ``tokenizer_config.json``. That is no property of the tokenizer, and two runs of one key must
+    give one set of bytes whatever the environment."""
     tok.save_pretrained(str(out))
+    path = Path(out) / TOKENIZER.config
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    if cfg.pop("local_files_only", None) is not None:  # written back as transformers writes it
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def load_for_encoding(artifact_dir: str | Path) -> tuple[Any, dict[str, Any]]:

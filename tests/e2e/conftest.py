@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,3 +101,22 @@ def prefect_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             os.environ["PREFECT_HOME"] = old_home
         leaked = {p.name: p.leftovers() for p in procs if p.leftovers()}
         assert not leaked, f"processes left running after teardown: {leaked}"
+
+
+@dataclass
+class ColdRun:
+    """A finished first ``llmpipe run tiny.yaml`` in a brand-new folder (its store: ``.llmpipe/store``)."""
+
+    project: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="session")
+def cold_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> ColdRun:
+    """One cold tiny lifecycle, shared: the lifecycle test checks it as a new user's first run, the
+    same-bytes test compares its published bytes with another cold run's (a cold run is minutes on 2
+    cores; each test did its own before). Nothing of it is checked here: a failed run fails both tests."""
+    from tests.e2e.test_lifecycle import _cli
+
+    project = tmp_path_factory.mktemp("cold-tiny") / "project"
+    return ColdRun(project, _cli(project))

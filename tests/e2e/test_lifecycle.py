@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.conftest import ColdRun
 
 pytestmark = pytest.mark.slow
 STAGES = ["ingest", "langid", "quality", "coherence", "expertise", "safety", "entities", "dedup", "diversity", "timeliness",
@@ -55,9 +56,8 @@ def _table(stdout: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_tiny_lifecycle_in_a_fresh_folder_then_all_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    project = tmp_path / "project"
-    first = _cli(project)
+def test_tiny_lifecycle_in_a_fresh_folder_then_all_cached(cold_tiny_run: ColdRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    project, first = cold_tiny_run.project, cold_tiny_run.result  # the first run: `llmpipe run tiny.yaml`
     assert first.returncode == 0, first.stderr[-4000:] + _latest_logs(project)
     table = _table(first.stdout)
     assert list(table) == STAGES, first.stdout

@@ -1,20 +1,22 @@
 """Same key, same bytes: two cold runs of the tiny lifecycle on two fresh stores publish identical artifacts.
 
-Each run is its own ``llmpipe run configs/tiny.yaml --no-prefect`` process (Prefect writes no
-artifact files, and without it the runs are faster), with its own store and state folder and a
-different ``PYTHONHASHSEED``, so anything that depends on set or dict-of-str order, on the clock or
-on a process's history shows up as a difference. For every stage the keys must match, every file of
-both artifacts must match byte for byte, each artifact must hold exactly the files its manifest
-lists, and the manifests must be equal except their stats and timestamps (measurements of the run).
-Then a Triton server serves one published deploy artifact, and the artifact must be unchanged:
-nothing writes into a published artifact.
-
-The two runs go at the same time, on a short training run and a small calibration set (bytes do not
-depend on how long the model trains): every stage still runs, and a few minutes on 2 cores.
+Run A is the lifecycle test's cold run (``llmpipe run tiny.yaml`` in a brand-new folder, shared through
+the session fixture ``cold_tiny_run``). Run B is another cold run of the same config in another
+folder: the one ``make run`` published in the repository's ``.llmpipe/store`` (CI runs it before the
+tests), when that store holds every artifact of A's keys under one recorded run and each was made after
+the last change to the code and configs; otherwise this test's own ``llmpipe run configs/tiny.yaml``
+into a temporary store. Each run is its own process with its own store and state folder
+and its own ``PYTHONHASHSEED`` (B's own run sets 2; the others draw theirs at random, as Python does),
+so anything that depends on set or dict-of-str order, on the clock or on a process's history shows up
+as a difference. For every stage the keys must match, every file of both artifacts must match byte for
+byte, each artifact must hold exactly the files its manifest lists, and the manifests must be equal
+except their stats and timestamps (measurements of the run). Then a Triton server serves A's published
+deploy artifact, and the artifact must be unchanged: nothing writes into a published artifact.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -26,49 +28,73 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.conftest import ColdRun
 
 pytestmark = pytest.mark.slow
 MEASURED = ("stats", "timings", "created")  # the manifest's record of this run: may differ
-SHORT = ["train.max_steps=20", "train.schedule.warmup_steps=2", "train.checkpoint.every=10",
-         "quantize.calibration.samples=8"]
+CODE = ("llmpipe", "flows", "tasks", "configs", "pyproject.toml")  # what the bytes of a run depend on
 
 
-def _run_both(roots: list[Path]) -> None:
-    """One cold lifecycle per root, both at once: they run the same code even while the tree is being
-    edited, and a machine with more than 2 cores finishes in the time of one."""
-    procs = []
-    for seed, root in enumerate(roots, 1):
-        root.mkdir(parents=True)
-        env = {**os.environ, "PYTHONHASHSEED": str(seed), "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "flows.cli", "run", "configs/tiny.yaml", f"store={root / 'store'}",
-               f"state_dir={root / 'state'}", "--no-prefect", *SHORT]
-        with open(root / "run.log", "wb") as log:
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+def _own_run(root: Path) -> Path:
+    """A cold lifecycle into a fresh store under ``root``, through Prefect's temporary server as run A
+    went (a ``--no-prefect`` run lists other per-shard cache keys in its ingest and quality manifests)."""
+    root.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONHASHSEED="2", HF_HUB_OFFLINE="1", PREFECT_HOME=str(root / "prefect-home"))
+    cmd = [sys.executable, "-m", "flows.cli", "run", "configs/tiny.yaml", f"store={root / 'store'}",
+           f"state_dir={root / 'state'}"]
+    with open(root / "run.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        codes = [p.wait(timeout=1800) for p in procs]
-    finally:
-        for p in procs:  # a timeout or Ctrl-C: the run, its training workers and its server go
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for root, code in zip(roots, codes, strict=True):
-        tail = (root / "run.log").read_text(errors="replace")[-4000:]
-        assert code == 0, f"the run in {root} failed with exit code {code}:\n{tail}"
+        code = proc.wait(timeout=1800)
+    finally:  # a timeout or Ctrl-C: the run, its training workers and its server go
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    tail = (root / "run.log").read_text(errors="replace")[-4000:]
+    assert code == 0, f"the run in {root} failed with exit code {code}:\n{tail}"
+    return root / "store"
 
 
-def _artifacts(root: Path) -> dict[str, Any]:
-    """stage -> its verified artifact, for the stages the one run recorded in the store under ``root``."""
-    from llmpipe.store import RUNS, ArtifactStore
+def _records(store: Path) -> list[dict[str, str]]:
+    """The stage -> key maps of the runs recorded in ``store``, oldest first."""
+    from llmpipe.store import RUNS
 
-    store = ArtifactStore(root / "store")
-    records = sorted((root / "store" / RUNS).glob("*.json"))
-    assert len(records) == 1, f"{root}: expected the record of one run, found {len(records)}"
-    keys = json.loads(records[0].read_text())["artifacts"]
+    return [json.loads(f.read_text())["artifacts"] for f in sorted((store / RUNS).glob("*.json"))]
+
+
+def _artifacts(store_dir: Path, keys: dict[str, str]) -> dict[str, Any]:
+    """stage -> its verified artifact of ``keys`` in ``store_dir``."""
+    from llmpipe.store import ArtifactStore
+
+    store = ArtifactStore(store_dir)
     arts = {name: store.get(name, key) for name, key in keys.items()}
     missing = [name for name, art in arts.items() if art is None]
-    assert not missing, f"{root}: no verified artifact for stages {missing}"
+    assert not missing, f"{store_dir}: no verified artifact for stages {missing}"
     return arts
+
+
+def _newest_code() -> float:
+    """When the code or a config last changed (the newest modification time of its files)."""
+    files = [f for part in CODE for f in ([ROOT / part] if (ROOT / part).is_file() else (ROOT / part).rglob("*"))
+             if f.is_file() and "__pycache__" not in f.parts]
+    return max(f.stat().st_mtime for f in files)
+
+
+def _make_run_store(keys: dict[str, str]) -> Path | None:
+    """The repository's store when ``make run`` published every artifact of ``keys`` there, under one
+    recorded run, each made after the code last changed (an older one may be another version's bytes)."""
+    from llmpipe.store import ArtifactStore
+
+    store_dir = ROOT / ".llmpipe" / "store"
+    if not store_dir.is_dir() or keys not in _records(store_dir):
+        return None
+    store, newest = ArtifactStore(store_dir), _newest_code()
+    for name, key in keys.items():
+        art = store.get(name, key)
+        if art is None or dt.datetime.fromisoformat(art.manifest["created"]).timestamp() <= newest:
+            return None
+    return store_dir
 
 
 def _on_disk(path: Path) -> set[str]:
@@ -130,10 +156,14 @@ def _serve_once(deploy_dir: Path) -> None:
             assert c.generate(prompt="The ", max_tokens=2).output_ids
 
 
-def test_two_cold_runs_publish_the_same_bytes(tmp_path: Path) -> None:
-    _run_both([tmp_path / "a", tmp_path / "b"])
-    arts_a, arts_b = _artifacts(tmp_path / "a"), _artifacts(tmp_path / "b")
-    assert list(arts_a) == list(arts_b)
+def test_two_cold_runs_publish_the_same_bytes(cold_tiny_run: ColdRun, tmp_path: Path) -> None:
+    first = cold_tiny_run.result
+    assert first.returncode == 0, f"the shared cold run failed:\n{first.stderr[-4000:]}"
+    store_a = cold_tiny_run.project / ".llmpipe" / "store"
+    keys = _records(store_a)[0]  # its first record is the cold run's (the lifecycle test adds a cached one)
+    store_b = _make_run_store(keys) or _own_run(tmp_path / "b")
+    assert keys in _records(store_b), f"the two runs computed different keys:\nA {keys}\nB {_records(store_b)}"
+    arts_a, arts_b = _artifacts(store_a, keys), _artifacts(store_b, keys)
     problems = [p for stage in arts_a for p in _compare(stage, arts_a[stage], arts_b[stage])]
     assert not problems, "the same keys published different bytes:\n" + "\n".join(problems)
 
@@ -142,6 +172,6 @@ def test_two_cold_runs_publish_the_same_bytes(tmp_path: Path) -> None:
     if not server.available():  # deploy skipped its server check too; the comparison above still holds
         return
     _serve_once(arts_a["deploy"].path)
-    after = _artifacts(tmp_path / "a")["deploy"]
+    after = _artifacts(store_a, {"deploy": keys["deploy"]})["deploy"]
     problems = _compare("deploy", after, arts_b["deploy"])
     assert not problems, "serving the published deploy artifact changed it:\n" + "\n".join(problems)

@@ -1,7 +1,7 @@
 """``llmpipe run CONFIG --sample 0.01``: the whole tiny DAG on the same 1% every time, in its own store.
 
 As a user runs it, in a fresh folder holding a copy of the tiny config: a full-size ingest first, then
-the smoke run (Prefect's temporary server, every stage), then the sample's ingest once more into
+the smoke run (Prefect's temporary server, every stage, a short training run), then the sample's ingest once more into
 another store. The smoke run finishes, prints what the full run needs, never reads, reuses or writes
 the full-size store, and both sample runs hold exactly the same documents, about 1% of the full ones.
 """
@@ -16,6 +16,8 @@ import pytest
 from tests.e2e.test_lifecycle import STAGES, _cli, _latest_logs, _table
 
 pytestmark = pytest.mark.slow
+# a short training run: every stage still runs, and nothing checked here depends on how long the model trains
+SHORT = ["train.max_steps=20", "train.schedule.warmup_steps=2", "train.checkpoint.every=10"]
 
 
 def _ids(store: Path) -> list[str]:
@@ -37,7 +39,7 @@ def test_a_smoke_run_takes_the_same_sample_in_a_store_of_its_own(tmp_path: Path)
     full_store = project / ".llmpipe" / "store"
     before = _files(full_store)
 
-    smoke = _cli(project, "--sample", "0.01")
+    smoke = _cli(project, "--sample", "0.01", *SHORT)
     assert smoke.returncode == 0, smoke.stderr[-3000:] + _latest_logs(project)
     assert list(_table(smoke.stdout)) == STAGES, smoke.stdout
     assert "smoke run on 1.00% of each source; the full run needs about:" in smoke.stdout, smoke.stdout

@@ -80,3 +80,28 @@ def test_config_errors() -> None:
         TokenizerConfig(pad_token="<|endoftext|>")
     with pytest.raises(ValidationError, match=r"lacks the chat template's role markers \['<\|user\|>'"):
         TokenizerConfig(special_tokens=["<|endoftext|>", "<|pad|>", "<|system|>", "<|assistant|>"])
+
+
+def test_the_tokenizer_saved_beside_a_model_is_the_same_bytes_online_and_offline(pipeline_dirs, synth,
+                                                                                  tmp_path) -> None:
+    """``HF_HUB_OFFLINE`` (which transformers records as ``local_files_only``) leaves no trace in the files
+    pretrain and quantize publish: each environment saves in a fresh interpreter, and both match."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    dirs = pipeline_dirs([synth(60, 30)])
+    code = ("import sys; from pathlib import Path; from llmpipe.tokenization.tokenizer import save_for_model; "
+            "save_for_model(sys.argv[1], Path(sys.argv[2]), 64)")
+    saved = {}
+    for env_value in ("1", "0"):
+        out = tmp_path / f"offline-{env_value}"
+        env = {**os.environ, "HF_HUB_OFFLINE": env_value, "PYTHONPATH": str(ROOT)}
+        r = subprocess.run([sys.executable, "-c", code, str(dirs["tokenizer"]), str(out)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        saved[env_value] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    assert saved["0"] == saved["1"]
+    assert b"local_files_only" not in saved["1"]["tokenizer_config.json"]
