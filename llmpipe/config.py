@@ -69,7 +69,7 @@ class IngestConfig(Section):
     strip_control: bool = Field(True, description="remove control characters (keeps newline and tab)")
     min_chars: int = Field(1, ge=0, description="shorter texts (after stripping) are quarantined as empty")
     max_docs_per_shard: int = Field(20000, gt=0, description="documents per output Parquet shard")
-    chunk_mb: float = Field(16, gt=0, description="uncompressed JSONL files are split into chunks of this size")
+    chunk_mb: float = Field(16.0, gt=0, description="uncompressed JSONL files are split into chunks of this size")
     sample: float | None = Field(None, gt=0, lt=1, description="keep only this fraction of each source, the "
                                  "same documents every time (by a hash of the document id): `llmpipe run "
                                  "--sample` sets it for a smoke run")

@@ -51,8 +51,8 @@ class GopherQualitySettings(Section):
 
     min_doc_words: int | None = 50
     max_doc_words: int | None = 100_000
-    min_avg_word_length: float | None = 3
-    max_avg_word_length: float | None = 10
+    min_avg_word_length: float | None = 3.0
+    max_avg_word_length: float | None = 10.0
     max_symbol_word_ratio: float | None = 0.1
     max_bullet_lines_ratio: float | None = 0.9
     max_ellipsis_lines_ratio: float | None = 0.3
@@ -183,7 +183,7 @@ class DedupConfig(Section):
     char_script_ratio: float = Field(0.3, description="share of no-space-script chars from which char shingles")
     backend: Literal["memory", "redis", "external"] = run_setting(
         "memory", description="LSH index: datasketch in memory, datasketch on Redis, or out-of-core on disk")
-    memory_budget_mb: float = run_setting(512, gt=0, description="external backend: RAM for one bucket partition")
+    memory_budget_mb: float = run_setting(512.0, gt=0, description="external backend: RAM for one bucket partition")
     redis: RedisSettings = run_setting(default_factory=RedisSettings)
     minhash_backend: Literal["auto", "numba", "numpy"] = run_setting("auto")
     incremental: bool = run_setting(True, description="reuse a previous dedup artifact's index when it applies")

@@ -61,19 +61,13 @@ def load_model(path: Path, key: str) -> tuple[Any, Any]:
 
 def save_model(model: Any, tok: Any, out: Path) -> None:
     """The folder ``from_pretrained`` loads: weights, tokenizer with its chat template, special ids."""
+    from llmpipe.tokenization.tokenizer import save_loaded
     from llmpipe.training.model import ready_for_inference
 
     ready_for_inference(model, {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
                                 "pad_token_id": tok.pad_token_id})
     model.save_pretrained(out)
-    tok.save_pretrained(out)
-    # transformers writes the loading environment (HF_HUB_OFFLINE -> local_files_only) into the
-    # tokenizer's config: not a property of the tokenizer, and two runs of one key must give one set of bytes
-    cfg_path = out / "tokenizer_config.json"
-    if cfg_path.is_file():
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        if cfg.pop("local_files_only", None) is not None:
-            cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    save_loaded(tok, out)  # without the loading environment (local_files_only): one key, one set of bytes
 
 
 def chat_samples(model: Any, tok: Any, prompts: list[Any]) -> list[dict[str, str]]:

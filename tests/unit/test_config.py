@@ -112,3 +112,33 @@ def test_every_renamed_key_points_at_a_key_that_exists() -> None:
 
     assert all(exists(new) and not exists(old) for old, new in RENAMED_KEYS.items()), RENAMED_KEYS
     assert len([k for k in RENAMED_KEYS if k.startswith("train.")]) == 25
+
+
+def test_no_float_setting_defaults_to_an_int() -> None:
+    """pydantic does not validate defaults: a ``float`` field defaulting to ``16`` stays the int 16 until
+    the dumped config is validated again (a Prefect task does), where it becomes 16.0, and the canonical
+    JSON of the two differs, so one config gave two shard-cache keys depending on how it ran."""
+    import typing
+
+    import pydantic
+
+    from llmpipe.config import PipelineConfig
+
+    bad: list[str] = []
+    seen: set[type] = set()
+
+    def walk(model: type[pydantic.BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, f in model.model_fields.items():
+            args = typing.get_args(f.annotation) or (f.annotation,)
+            if float in args and int not in args and type(f.default) is int:
+                bad.append(f"{model.__name__}.{name} = {f.default!r}")
+            for a in args:
+                for b in typing.get_args(a) or (a,):
+                    if isinstance(b, type) and issubclass(b, pydantic.BaseModel):
+                        walk(b)
+
+    walk(PipelineConfig)
+    assert len(seen) > 20 and not bad, bad
