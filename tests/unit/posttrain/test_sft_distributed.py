@@ -53,11 +53,13 @@ def test_two_gloo_ranks_learn_the_single_process_weights(tmp_path: Path, strateg
     cfg = _cfg(strategy, 2)
     want, losses = _single(src, cfg)
     seen: dict[int, psutil.Process] = {}
+    # what this process ran before the launch (the suite's session servers) is not the launch's
+    before = {c.pid for c in psutil.Process(os.getpid()).children(recursive=True)}
 
     def note(step: int, loss: float) -> None:  # while the workers run: the stage's process tree, less
         # llmpipe.processes' watchdog (it lives as long as this process, to end the tree if it dies)
         seen.update({c.pid: c for c in psutil.Process(os.getpid()).children(recursive=True)
-                     if "--guardian" not in c.cmdline()})
+                     if c.pid not in before and "--guardian" not in c.cmdline()})
 
     res = launch_sft(cfg, src, PAIRS, tmp_path / "out", tmp_path / "run", on_step=note)
     got = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).state_dict()
