@@ -69,6 +69,22 @@ def _save_logs(stack: PrefectStack, label: str) -> None:
             shutil.copy(p.log_path, dest / p.log_path.name)
 
 
+def run_tiny_chat(until: str | None = None) -> tuple[Any, list[Any]]:
+    """(config, stage runs) of ``configs/tiny-chat.yaml`` run in the repository root (``until``: its
+    last stage), so its store is the one ``make run`` fills and tiny.yaml's artifacts are reused."""
+    from llmpipe.config import load_config
+    from llmpipe.dag import run_pipeline
+    from tests.conftest import ROOT
+
+    old = Path.cwd()
+    os.chdir(ROOT)  # the config's relative store is the repository root's, as `make run` saw it
+    try:
+        cfg = load_config(ROOT / "configs" / "tiny-chat.yaml")
+        return cfg, run_pipeline(cfg, until=until)
+    finally:
+        os.chdir(old)
+
+
 @pytest.fixture(scope="module")
 def prefect_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
     """Server + one process worker, module-scoped (the server takes ~30 s to start here)."""

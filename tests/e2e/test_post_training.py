@@ -15,22 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.conftest import run_tiny_chat
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, object]:
-    from llmpipe.config import load_config
-    from llmpipe.dag import run_pipeline
-
-    old = Path.cwd()
-    os.chdir(ROOT)  # the config's relative store is the repository root's, as `make run` saw it
-    try:
-        cfg = load_config(ROOT / "configs" / "tiny-chat.yaml")
-        return {r.stage: r for r in run_pipeline(cfg, until="preference")}
-    finally:
-        os.chdir(old)
+    return {r.stage: r for r in run_tiny_chat(until="preference")[1]}
 
 
 def test_sft_lowers_held_out_response_loss(runs: dict) -> None:

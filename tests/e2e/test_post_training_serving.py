@@ -9,31 +9,24 @@ this module adds evaluate, quantize and deploy of the tuned model (minutes on 2 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.e2e.conftest import run_tiny_chat
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def lifecycle() -> dict[str, Any]:
-    from llmpipe.config import load_config
-    from llmpipe.dag import open_store, plan, run_pipeline
+    from llmpipe.dag import open_store, plan
 
-    old = Path.cwd()
-    os.chdir(ROOT)  # the config's relative store is the repository root's, as `make run` saw it
-    try:
-        cfg = load_config(ROOT / "configs" / "tiny-chat.yaml")
-        runs = {r.stage: r for r in run_pipeline(cfg)}  # the lifecycle: every active stage
-        store, planned = open_store(cfg), plan(cfg)
-        return {"runs": runs, "manifests": {n: store.get(n, planned[n].key).manifest for n in runs}}
-    finally:
-        os.chdir(old)
+    cfg, done = run_tiny_chat()  # the lifecycle: every active stage
+    runs = {r.stage: r for r in done}
+    store, planned = open_store(cfg), plan(cfg)
+    return {"runs": runs, "manifests": {n: store.get(n, planned[n].key).manifest for n in runs}}
 
 
 def test_evaluate_quantize_and_deploy_take_the_tuned_model(lifecycle: dict[str, Any]) -> None:
