@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ from tests.conftest import ROOT
 from tests.e2e.conftest import ColdRun
 
 pytestmark = pytest.mark.slow
-MEASURED = ("stats", "timings", "created")  # the manifest's record of this run: may differ
+# the manifest's record of this run, which may differ: its figures, and the per-shard results it reused
+# (a refresh that links the previous artifact's decisions reuses none; a cold run lists its own)
+MEASURED = ("stats", "timings", "created", "shard_cache")
 CODE = ("llmpipe", "flows", "tasks", "configs", "pyproject.toml")  # what the bytes of a run depend on
 
 
@@ -88,13 +91,19 @@ def _make_run_store(keys: dict[str, str]) -> Path | None:
 
     store_dir = ROOT / ".llmpipe" / "store"
     if not store_dir.is_dir() or keys not in _records(store_dir):
-        return None
+        return _not_taken(f"no run of these keys is recorded in {store_dir}")
     store, newest = ArtifactStore(store_dir), _newest_code()
     for name, key in keys.items():
         art = store.get(name, key)
         if art is None or dt.datetime.fromisoformat(art.manifest["created"]).timestamp() <= newest:
-            return None
+            return _not_taken(f"{name} {key[:12]} is {'absent' if art is None else 'older than the code'}")
     return store_dir
+
+
+def _not_taken(why: str) -> None:
+    """Say in the suite's warnings summary why ``make run``'s store was not the second run (the test
+    then pays a cold run of its own): where the time went is then in CI's log."""
+    warnings.warn(f"same-bytes: make run's store not used: {why}", stacklevel=3)
 
 
 def _on_disk(path: Path) -> set[str]:
