@@ -78,11 +78,9 @@ class SftWorker:
     def wrap(self, model: Any, device: Any) -> Any:
         """DDP (a whole replica per rank) or FSDP2 (``fully_shard`` per decoder layer, then the root)."""
         if self.cfg.strategy == "fsdp2":
-            from torch.distributed.fsdp import fully_shard
+            from llmpipe.training.engines import fully_shard_blocks
 
-            for layer in model.model.layers:
-                fully_shard(layer)
-            fully_shard(model)
+            fully_shard_blocks(model, "fp32")  # sft trains in fp32
             return model
         from torch.nn.parallel import DistributedDataParallel
 

@@ -51,8 +51,7 @@ def load_model(path: Path, key: str) -> tuple[Any, Any]:
     tok = AutoTokenizer.from_pretrained(path)
     if tok.eos_token_id is None:
         raise PostTrainError(f"{key}: the tokenizer in {path} defines no eos token (a response needs its end)")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    _chat_ready(tok)
     if not getattr(tok, "chat_template", None):
         tok.chat_template = CHAT_TEMPLATE
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -227,14 +227,14 @@ def _on_meta(model: torch.nn.Module) -> bool:
     return next(model.parameters()).is_meta
 
 
-def _fully_shard(model: torch.nn.Module, cfg: TrainConfig, mesh: Any = None) -> bool:
+def fully_shard_blocks(model: torch.nn.Module, precision: str, mesh: Any = None) -> bool:
     """Per-decoder-layer ``fully_shard`` plus the root (over ``mesh``, default: all ranks); whether
-    FSDP casts the parameters itself (bf16/fp16), so autocast is off."""
+    FSDP casts the parameters itself (bf16/fp16), so autocast is off. Pretraining and sft shard alike."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {"mesh": mesh} if mesh is not None else {}
-    if cfg.precision in ("bf16", "fp16"):
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.precision], reduce_dtype=torch.float32)
+    if precision in ("bf16", "fp16"):
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
@@ -357,7 +357,7 @@ class FSDP2Engine(DCPEngine):
         model = model if meta else model.to(device)
         if cfg.compile:
             compile_blocks(model)
-        casts = _fully_shard(model, cfg)
+        casts = fully_shard_blocks(model, cfg.precision)
         if meta:
             materialize(model, device, cfg.seed)
         super().__init__(model, cfg, device)
@@ -396,7 +396,7 @@ class TensorParallelEngine(DCPEngine):
         parallelize(model, self.mesh["tp"])
         if cfg.compile:
             compile_blocks(model)
-        casts = self.mesh["dp"].size() > 1 and _fully_shard(model, cfg, self.mesh["dp"])
+        casts = self.mesh["dp"].size() > 1 and fully_shard_blocks(model, cfg.precision, self.mesh["dp"])
         if meta:
             materialize(model, device, cfg.seed)
         super().__init__(model, cfg, device)
