@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,32 @@ def unique_edges(edges: np.ndarray) -> np.ndarray:
     return np.unique(edges, axis=0) if len(edges) else np.zeros((0, 2), np.int64)
 
 
+SET_BYTES = 4096  # a shingle set held for verification, as 64-bit hashes: ~500 shingles, a guess for sizing
+
+
+def hashed_set(shingles: Iterable[bytes]) -> np.ndarray:
+    """A shingle set as its sorted, distinct 64-bit BLAKE2b hashes.
+
+    Why hashes: a set of ~300 five-word shingles as Python ``bytes`` in a ``frozenset`` costs ~27 KB,
+    as an array 2.4 KB, so a block of candidate keepers ten times larger fits the same budget (the
+    verification's shard reads fall with the number of blocks). Two distinct shingles share a hash
+    with probability 2^-64, so for two sets of a few hundred shingles the Jaccard differs from the
+    one over the strings with odds near 10^-14: it is the exact Jaccard for any corpus we will see.
+    """
+    from hashlib import blake2b
+
+    hashes = [int.from_bytes(blake2b(s, digest_size=8).digest(), "little") for s in shingles]
+    return np.unique(np.array(hashes, dtype=np.uint64))
+
+
+def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Jaccard of two sets given as sorted distinct arrays (:func:`hashed_set`); two empty sets: 1."""
+    if not len(a) and not len(b):
+        return 1.0
+    inter = int(np.intersect1d(a, b, assume_unique=True).size)
+    return inter / (len(a) + len(b) - inter)
+
+
 class ShingleSets:
     """Exact Jaccard of two documents by global index: shingle sets recomputed from their texts.
 
@@ -157,9 +183,10 @@ class ShingleSets:
     columns are held up to ``max_bytes``. Members are decided in order, so their shards are read one
     after another; keepers can sit anywhere earlier, so :func:`decide_near` hands over a block's
     candidate keepers up front (:meth:`prefetch`): each shard holding some is read once per block,
-    not once per keeper. The block's candidates and ``cached`` recent keepers are held as shingle
-    sets; a member's set is computed once and not kept. Memory is bounded by the block and
-    ``max_bytes``, not by the corpus.
+    not once per keeper, and blocks are sized by edges (:func:`coalesce`), not by documents, so the
+    reads grow with the near-duplicate edges, not with corpus x shards. The block's candidates and
+    ``cached`` recent keepers are held as hashed sets (:func:`hashed_set`); a member's set is
+    computed once and not kept. Memory is bounded by the block and ``max_bytes``, not by the corpus.
     """
 
     def __init__(self, shingle: Callable[[str, str | None], list[bytes]], max_bytes: int = 256 << 20,
@@ -169,8 +196,8 @@ class ShingleSets:
         self.firsts: list[int] = []
         self.max_bytes, self.max_sets = max_bytes, cached
         self.columns: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # shard -> (text, metadata) arrays
-        self.sets: OrderedDict[int, frozenset[bytes]] = OrderedDict()  # recent keepers
-        self.block: dict[int, frozenset[bytes]] = {}  # the current block's anchors and keepers
+        self.sets: OrderedDict[int, np.ndarray] = OrderedDict()  # recent keepers
+        self.block: dict[int, np.ndarray] = {}  # the current block's anchors and keepers
         self.computed = 0  # Jaccard values computed (the stage's ``edges_verified``)
         self.reads = 0  # shard reads (the stage's ``verify_shard_reads``)
 
@@ -193,12 +220,12 @@ class ShingleSets:
             self.columns.popitem(last=False)
         return self.columns[k]
 
-    def _set(self, cols: tuple[Any, Any], row: int) -> frozenset[bytes]:
+    def _set(self, cols: tuple[Any, Any], row: int) -> np.ndarray:
         from llmpipe.document import load_metadata
 
         meta = cols[1][row].as_py()
         lang = load_metadata(meta).get("lang") if meta else None
-        return frozenset(self.shingle(cols[0][row].as_py(), lang if isinstance(lang, str) else None))
+        return hashed_set(self.shingle(cols[0][row].as_py(), lang if isinstance(lang, str) else None))
 
     def _shard(self, idx: int) -> int:
         return bisect.bisect_right(self.firsts, idx) - 1
@@ -212,7 +239,7 @@ class ShingleSets:
             for i in group:
                 self.block[i] = self._set(cols, i - self.files[k][0])
 
-    def get(self, idx: int, cache: bool = True) -> frozenset[bytes]:
+    def get(self, idx: int, cache: bool = True) -> np.ndarray:
         got = self.block.get(idx)
         if got is None:
             got = self.sets.get(idx)
@@ -231,11 +258,29 @@ class ShingleSets:
     def jaccard(self, a: int, b: int) -> float:
         """Exact Jaccard of document ``a`` (read once: not cached) and keeper ``b`` (cached)."""
         self.computed += 1
-        sa, sb = self.get(a, cache=False), self.get(b)
-        if not sa and not sb:
-            return 1.0
-        inter = len(sa & sb) if len(sa) <= len(sb) else len(sb & sa)
-        return inter / (len(sa) + len(sb) - inter)
+        return exact_jaccard(self.get(a, cache=False), self.get(b))
+
+
+def coalesce(edges: Iterable[np.ndarray], max_edges: int) -> Iterator[np.ndarray]:
+    """Adjacent edge arrays joined into blocks of at least ``max_edges`` edges (the last may hold fewer).
+
+    The arrays keep :func:`decide_near`'s contract (ascending ``j``, no ``j`` split across arrays), so
+    their concatenation does too. Why: a block's candidate keepers are read shard by shard once per
+    block; the index yields a block per few thousand documents, mostly with a handful of edges, so
+    without this a corpus of S shards costs ~S reads per few thousand documents.
+    """
+    held: list[np.ndarray] = []
+    count = 0
+    for chunk in edges:
+        if not len(chunk):
+            continue
+        held.append(chunk)
+        count += len(chunk)
+        if count >= max_edges:
+            yield np.concatenate(held) if len(held) > 1 else held[0]
+            held, count = [], 0
+    if held:
+        yield np.concatenate(held) if len(held) > 1 else held[0]
 
 
 def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int], keepers: np.ndarray,

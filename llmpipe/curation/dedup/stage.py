@@ -344,7 +344,9 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
             stream = index.query_new(n_old_docs, first, Path(spill))
         else:
             stream = iter(edges)
-        n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
+        # a block's candidate keepers are held as hashed sets: a quarter of the budget for them
+        max_edges = max(1024, int(cfg.memory_budget_mb * (1 << 20)) // 4 // core.SET_BYTES)
+        n_edges = core.decide_near(core.coalesce(stream, max_edges), lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
                                    texts.jaccard if cfg.verify else None, cfg.threshold,
                                    texts.prefetch if cfg.verify else None)
     edges.clear()
