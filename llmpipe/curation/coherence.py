@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -189,31 +190,21 @@ def _lang(meta: dict[str, Any], default: str) -> str:
 
 
 # -- decide ---------------------------------------------------------------------------------------------
-def decide(scores: list[list[dict[str, Any]]], metric: str, cfg: Any
-           ) -> tuple[list[list[Decision]], dict[str, tuple[float, float]]]:
-    """Buckets or thresholds per language, from the stored scores only (re-appliable without the model);
-    also the two cuts per language (the scores at the ``buckets`` percentiles of this run).
+def decide(scores: Iterable[list[dict[str, Any]]], metric: str, cfg: Any
+           ) -> tuple[BucketRule, dict[str, tuple[float, float]]]:
+    """The rule and the two cuts per language (the scores at the ``buckets`` percentiles of this run),
+    from the stored scores only (re-appliable without the model).
 
-    A handful of outcomes (bucket x reason) covers every document: each is one shared, read-only
-    :class:`Decision`, not three objects per document.
+    ``scores``: per shard, read once; only each language's values are held (8 bytes a document).
     """
-    by_lang: dict[str, list[float]] = {}
+    by_lang: dict[str, array[float]] = {}
     for shard in scores:
         for s in shard:
             if s[metric] is not None:
-                by_lang.setdefault(s["lang"], []).append(s[metric])
-    cuts = {lang: tuple(float(x) for x in np.percentile(np.asarray(v, dtype=np.float64), cfg.buckets))
+                by_lang.setdefault(s["lang"], array("d")).append(s[metric])
+    cuts = {lang: tuple(float(x) for x in np.percentile(np.frombuffer(v, dtype=np.float64), cfg.buckets))
             for lang, v in by_lang.items()}
-    outcomes: dict[tuple[str | None, str | None], Decision] = {}
-
-    def outcome(reason: str | None, bucket: str | None) -> Decision:
-        d = outcomes.get((reason, bucket))
-        if d is None:
-            d = outcomes[(reason, bucket)] = Decision(reason, scores={"bucket": bucket})
-        return d
-
-    rule = _rule(cfg, cuts)
-    return [[outcome(*rule(s[metric], s["lang"])) for s in shard] for shard in scores], cuts
+    return BucketRule(metric, cfg, cuts), cuts
 
 
 def bucket_of(value: float, cuts: tuple[float, float]) -> str:
@@ -221,19 +212,33 @@ def bucket_of(value: float, cuts: tuple[float, float]) -> str:
     return "head" if value <= cuts[0] else "tail" if value > cuts[1] else "middle"
 
 
-def _rule(cfg: Any, cuts: dict[str, tuple[float, float]]) -> Any:
-    """``(value, lang) -> (reject reason or None, bucket or None)`` for one document."""
-    unscored = None if cfg.unscored == "keep" else "coherence_unscored"
-    threshold = cfg.rule == "threshold"
+class BucketRule:
+    """A document's scores -> its :class:`Decision` (bucket and reject reason): picklable, so the
+    write step applies it in the shard workers.
 
-    def one(value: Any, lang: str) -> tuple[str | None, str | None]:
+    A handful of outcomes (bucket x reason) covers every document: each is one shared, read-only
+    :class:`Decision` per process, not three objects per document.
+    """
+
+    def __init__(self, metric: str, cfg: Any, cuts: dict[str, tuple[float, float]]) -> None:
+        self.metric, self.cfg, self.cuts = metric, cfg, cuts
+        self.outcomes: dict[tuple[str | None, str | None], Decision] = {}
+
+    def __call__(self, s: dict[str, Any]) -> Decision:
+        key = self.outcome(s[self.metric], s["lang"])
+        d = self.outcomes.get(key)
+        if d is None:
+            d = self.outcomes[key] = Decision(key[0], scores={"bucket": key[1]})
+        return d
+
+    def outcome(self, value: Any, lang: str) -> tuple[str | None, str | None]:
+        """(reject reason or None, bucket or None) for one document."""
+        cfg = self.cfg
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return unscored, None
-        bucket = bucket_of(value, cuts[lang])
-        if threshold:
+            return (None if cfg.unscored == "keep" else "coherence_unscored"), None
+        bucket = bucket_of(value, self.cuts[lang])
+        if cfg.rule == "threshold":
             limit = cfg.max_score.get(lang, cfg.default_max_score)
             return (None if limit is None or value <= limit else "low_coherence"), bucket
         keep = cfg.keep.get(lang, cfg.default_keep)
         return (None if bucket in keep else f"coherence_{bucket}"), bucket
-
-    return one

@@ -12,8 +12,10 @@ links), so switching one on or off changes only the keys from it downstream.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from array import array
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from llmpipe.curation.dimensions_config import (
 )
 from llmpipe.curation.scored import (
     Decision,
+    ScoreFiles,
     pass_through,
     reference_texts,
     resolve_path,
@@ -119,24 +122,28 @@ def run_coherence(ctx: StageContext) -> dict[str, Any]:
         key = {"model": cfg.model, "max_tokens": cfg.max_tokens, "default_lang": cfg.default_lang}
         fn, metric = coherence.score_model_shard, "bits_per_byte"
     scores = score_shards(ctx, shards, fn, payload, key, "coherence scores")
-    decisions, cuts = coherence.decide(scores, metric, cfg)
-    funnel = write_decisions(ctx, shards, scores, decisions)
-    rows = _bucket_rows(scores, decisions, metric)
+    rule, cuts = coherence.decide(scores, metric, cfg)
+    funnel = write_decisions(ctx, shards, scores, rule)
+    rows = _bucket_rows(scores, rule)
     ctx.report_table("coherence-buckets", f"coherence: {metric} per language and bucket", rows)
     return stage_stats(funnel, len(shards), scorer=cfg.scorer, metric=metric, buckets=rows,
                        cuts={lang: [round(a, 6), round(b, 6)] for lang, (a, b) in sorted(cuts.items())})
 
 
-def _bucket_rows(scores: list[list[dict[str, Any]]], decisions: list[list[Decision]], metric: str
-                 ) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str], list[float]] = {}
-    for shard, dec in zip(scores, decisions, strict=True):
-        for s, d in zip(shard, dec, strict=True):
-            groups.setdefault((s["lang"], d.scores.get("bucket") or "unscored"), []).append(s[metric])
-    return [{"lang": lang, "bucket": b, "docs": len(v),
-             f"median_{metric}": round(float(np.median([x for x in v if x is not None])), 4)
-             if any(x is not None for x in v) else None}
-            for (lang, b), v in sorted(groups.items())]
+def _bucket_rows(scores: ScoreFiles, rule: Any) -> list[dict[str, Any]]:
+    """Documents and the median score per language and bucket, a shard's scores at a time."""
+    counts: Counter[tuple[str, str]] = Counter()
+    values: dict[tuple[str, str], array[float]] = {}
+    for shard in scores:
+        for s in shard:
+            group = (s["lang"], rule(s).scores.get("bucket") or "unscored")
+            counts[group] += 1
+            if s[rule.metric] is not None:
+                values.setdefault(group, array("d")).append(s[rule.metric])
+    return [{"lang": lang, "bucket": b, "docs": n,
+             f"median_{rule.metric}": round(float(np.median(np.frombuffer(values[(lang, b)], dtype=np.float64))), 4)
+             if (lang, b) in values else None}
+            for (lang, b), n in sorted(counts.items())]
 
 
 # -- expertise --------------------------------------------------------------------------------------------
@@ -210,8 +217,8 @@ def run_expertise(ctx: StageContext) -> dict[str, Any]:
         payload = {"model": str(path), "label": cfg.label, "default_lang": cfg.default_lang}
         key = {"model": sha256_file(path), "label": cfg.label, "default_lang": cfg.default_lang}
         scores = score_shards(ctx, shards, ex.score_shard, payload, key, "expertise scores")
-    decisions, cut = ex.decide(scores, cfg)
-    funnel = write_decisions(ctx, shards, scores, decisions)
+    rule, cut = ex.decide(scores, cfg)
+    funnel = write_decisions(ctx, shards, scores, rule)
     if info:
         ctx.report_table("expertise-training", "expertise classifier (trained in the stage)",
                          [{"metric": k, "value": v} for k, v in info.items()])
@@ -254,12 +261,11 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
     ids = [doc.id for s in shards for doc in iter_documents(s.path)]
     flat, cap = dv.decide(labels, dup, best, cfg.max_cluster_share, ids)
     sizes = [st["docs"] for _, st in parts]
-    decisions, scores, i = [], [], 0
+    decisions, i = [], 0
     for n in sizes:
         decisions.append(flat[i:i + n])
-        scores.append([{} for _ in range(n)])
         i += n
-    funnel = write_decisions(ctx, shards, scores, decisions)
+    funnel = write_decisions(ctx, shards, None, decisions)
     k = int(labels.max()) + 1 if len(labels) else 0
     terms = dv.top_terms(x, labels, k, _texts_of(shards, sizes), cfg.features, cfg.top_terms, lang)
     rows = _cluster_rows(labels, flat, terms)
@@ -335,10 +341,13 @@ def run_timeliness(ctx: StageContext) -> dict[str, Any]:
     shards = input_shards(ctx.inputs["diversity"])
     mtimes = tl.source_mtimes(ctx.pipeline) if cfg.file_mtime and ctx.pipeline is not None else {}
     scores = score_shards(ctx, shards, tl.score_shard, (cfg, mtimes), [cfg.key_dict(), mtimes], "timeliness dates")
-    decisions = [[tl.decide(s, cfg) for s in shard] for shard in scores]
-    funnel = write_decisions(ctx, shards, scores, decisions)
-    years = Counter(s["date"][:4] if s["date"] else "undated" for shard in scores for s in shard)
-    origins = Counter((s["origin"] or "none").split(":")[0] for shard in scores for s in shard)
+    funnel = write_decisions(ctx, shards, scores, functools.partial(tl.decide, cfg=cfg))
+    years: Counter[str] = Counter()
+    origins: Counter[str] = Counter()
+    for shard in scores:
+        for s in shard:
+            years[s["date"][:4] if s["date"] else "undated"] += 1
+            origins[(s["origin"] or "none").split(":")[0]] += 1
     rows = [{"year": y, "docs": n} for y, n in sorted(years.items())]
     (ctx.out / YEARS_JSON).write_text(json.dumps({"years": dict(sorted(years.items())),
                                                   "origins": dict(sorted(origins.items()))}, indent=1))

@@ -22,7 +22,8 @@ segmented) so that fastText's whitespace tokenizer sees words in every language.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -182,13 +183,27 @@ def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
-def decide(scores: list[list[dict[str, Any]]], cfg: Any) -> tuple[list[list[Decision]], float]:
-    """(decisions, the cut applied): a fixed threshold, or the score of the last doc in the top fraction."""
-    values = [s["expertise_score"] for shard in scores for s in shard]
+class CutRule:
+    """A document's scores -> kept at or over ``cut``, else ``low_expertise`` (picklable: the write
+    step applies it in the shard workers; two shared decisions, not one object per document)."""
+
+    KEEP, LOW = Decision(None), Decision("low_expertise")
+
+    def __init__(self, cut: float) -> None:
+        self.cut = cut
+
+    def __call__(self, s: dict[str, Any]) -> Decision:
+        return self.KEEP if s["expertise_score"] >= self.cut else self.LOW
+
+
+def decide(scores: Iterable[list[dict[str, Any]]], cfg: Any) -> tuple[CutRule, float]:
+    """(the rule, the cut applied): a fixed threshold, or the score of the last doc in the top fraction.
+
+    ``scores``: per shard, read once; only the scores are held (8 bytes a document).
+    """
+    values = np.frombuffer(array("d", (s["expertise_score"] for shard in scores for s in shard)), dtype=np.float64)
     cut = cfg.threshold
-    if cfg.rule == "top_fraction" and values:
+    if cfg.rule == "top_fraction" and len(values):
         n_keep = max(1, round(cfg.top_fraction * len(values)))
-        cut = float(sorted(values, reverse=True)[n_keep - 1])
-    decisions = [[Decision(None if s["expertise_score"] >= cut else "low_expertise") for s in shard]
-                 for shard in scores]
-    return decisions, cut
+        cut = float(np.sort(values)[len(values) - n_keep])  # the n_keep-th largest
+    return CutRule(cut), cut

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,8 +80,27 @@ def _dump_scores(scores: list[dict[str, Any]]) -> bytes:
         return json.dumps(scores, sort_keys=True, ensure_ascii=False).encode()
 
 
+class ScoreFiles:
+    """A run's scores: one file per input shard (in the shard cache), read one shard at a time.
+
+    Why not a list of every document's score dict: at 2M documents that list is ~1 GB in the
+    parent. The decide step needs a column or two of it (gathered into arrays of 8 bytes a document),
+    and the write step each shard's own scores, which its worker reads from the file.
+    """
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = list(paths)
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        for path in self.paths:
+            yield _read_scores(path)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
 def score_shards(ctx: StageContext, shards: Sequence[InputShard], fn: Callable[[str, Any], list[dict[str, Any]]],
-                 payload: Any, key: Any, desc: str) -> list[list[dict[str, Any]]]:
+                 payload: Any, key: Any, desc: str) -> ScoreFiles:
     """Per shard, ``fn(shard_path, payload)`` -> one score dict per document (cached per shard).
 
     ``fn`` is a top-level function (it runs in shard workers); ``key`` is everything the scores
@@ -90,7 +109,7 @@ def score_shards(ctx: StageContext, shards: Sequence[InputShard], fn: Callable[[
     items = [(hash_json([ctx.name, ctx.spec.version, "score", key, s.sha256]), (fn, str(s.path), payload))
              for s in shards]
     results = ctx.cached_map(_score_job, items, desc=desc)
-    return [_read_scores(d / SCORES) for d, _ in results]
+    return ScoreFiles([d / SCORES for d, _ in results])
 
 
 def _read_scores(path: Path) -> list[dict[str, Any]]:
@@ -106,17 +125,29 @@ def _read_scores(path: Path) -> list[dict[str, Any]]:
         return json.loads(data)
 
 
-def _write_job(job: tuple[str, str, str, str, list[dict[str, Any]], list[Decision]]) -> dict[str, Any]:
+Rule = Callable[[dict[str, Any]], Decision]  # a document's score dict -> its decision (picklable)
+
+
+def _write_job(job: tuple[str, str, str, str, Any, Any]) -> dict[str, Any]:
     """One shard's kept and rejected files, scores in metadata; its funnel.
 
-    Only the metadata column goes through Python (parsed, scores added, dumped again); ids, texts
-    and sources stay Arrow columns, filtered into the two files: the same rows as writing
-    :class:`Document` objects, without turning every text into a Python string and back.
+    ``scores``: the shard's scores file, a list of score dicts, or None (no scores of its own);
+    ``decisions``: a list, or a :data:`Rule` applied here to each score dict (the parent then never
+    holds a decision per document). Only the metadata column goes through Python (parsed, scores
+    added, dumped again); ids, texts and sources stay Arrow columns, filtered into the two files:
+    the same rows as writing :class:`Document` objects, without turning every text into a Python
+    string and back.
     """
     src, out, name, stage_name, scores, decisions = job
     table = pq.read_table(src, columns=["id", "text", "source", "metadata"], use_threads=False)  # workers: parallel
+    if isinstance(scores, Path):
+        scores = _read_scores(scores)
+    elif scores is None:
+        scores = [{}] * table.num_rows  # one shared empty dict: only read below, never changed
     if table.num_rows != len(scores):
         raise RuntimeError(f"{stage_name}: {src}: {len(scores)} scores for {table.num_rows} documents")
+    if callable(decisions):
+        decisions = [decisions(sc) for sc in scores]
     metas, keep = [], []
     reasons: Counter[str] = Counter()
     for m, sc, dec in zip(table.column("metadata").to_pylist(), scores, decisions, strict=True):
@@ -140,14 +171,23 @@ def _write_job(job: tuple[str, str, str, str, list[dict[str, Any]], list[Decisio
             "filters": {stage_name: {"in": n, "out": kept.num_rows}}}
 
 
-def write_decisions(ctx: StageContext, shards: Sequence[InputShard], scores: list[list[dict[str, Any]]],
-                    decisions: list[list[Decision]], extra_funnel: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Step 3 for every shard, then the stage funnel (checked, written, reported); returns it."""
-    for s, sc, dec in zip(shards, scores, decisions, strict=True):
-        if len(sc) != len(dec):
+def write_decisions(ctx: StageContext, shards: Sequence[InputShard],
+                    scores: ScoreFiles | Sequence[list[dict[str, Any]]] | None,
+                    decisions: Rule | Sequence[list[Decision]], extra_funnel: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """Step 3 for every shard, then the stage funnel (checked, written, reported); returns it.
+
+    ``scores``: per shard (a :class:`ScoreFiles` is read by each shard's worker), or None;
+    ``decisions``: per shard, or one :data:`Rule` the workers apply to each document's scores.
+    """
+    per_shard_scores: Sequence[Any] = (scores.paths if isinstance(scores, ScoreFiles)
+                                       else scores if scores is not None else [None] * len(shards))
+    per_shard_decisions: Sequence[Any] = [decisions] * len(shards) if callable(decisions) else decisions
+    for s, sc, dec in zip(shards, per_shard_scores, per_shard_decisions, strict=True):
+        if isinstance(sc, list) and isinstance(dec, list) and len(sc) != len(dec):
             raise RuntimeError(f"{ctx.name}: {s.name}: {len(dec)} decisions for {len(sc)} documents")
     jobs = [(str(s.path), str(ctx.out), s.name, ctx.name, sc, dec)
-            for s, sc, dec in zip(shards, scores, decisions, strict=True)]
+            for s, sc, dec in zip(shards, per_shard_scores, per_shard_decisions, strict=True)]
     funnel = merge_funnels(ctx.map(_write_job, jobs))
     funnel.pop("seconds", None)
     if extra_funnel:
