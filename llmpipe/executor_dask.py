@@ -89,6 +89,7 @@ class DaskExecutor:
         self.n_workers = int(n_workers)
         self.threads_per_worker = int(threads_per_worker)
         self.threads_here = False  # items run in the cluster's worker processes
+        self.shares_disk = False  # workers may be on other hosts: a URL store is reached by its URL
         self._client: Any = None
 
     @classmethod

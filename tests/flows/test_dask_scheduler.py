@@ -11,6 +11,9 @@ on both workers.
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -53,13 +56,21 @@ def _survivors(root: Path) -> list[str]:
     return out
 
 
-def test_curation_on_separate_scheduler_matches_local(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dict[str, str]]:
+    """The reference: stage keys and artifact files of the local process pool, local store."""
+    tmp = tmp_path_factory.mktemp("local")
+    keys = _run(tmp / "store", tmp / "state", "executor.kind=local", "executor.workers=2")
+    return keys, _files(tmp / "store")
+
+
+def test_curation_on_separate_scheduler_matches_local(tmp_path: Path, local_run) -> None:
     from distributed import Client, get_task_stream
 
     from llmpipe.executor_dask import dask_processes
 
     state = tmp_path / "state"
-    local_keys = _run(tmp_path / "local", state, "executor.kind=local", "executor.workers=2")
+    local_keys, local = local_run
     cluster = tmp_path / "cluster"
     with dask_processes(cluster, n_workers=2) as address:
         with Client(address, set_as_default=False) as client:
@@ -74,8 +85,80 @@ def test_curation_on_separate_scheduler_matches_local(tmp_path: Path) -> None:
         assert ran_on == set(workers), f"shard jobs ran on {ran_on}, the cluster has {set(workers)}"
     assert not _survivors(cluster), _survivors(cluster)
     assert dask_keys == local_keys and "dedup" in dask_keys
-    local, dask = _files(tmp_path / "local"), _files(tmp_path / "dask")
+    dask = _files(tmp_path / "dask")
     assert {f.split("/")[0] for f in local} == set(local_keys)
     assert list(dask) == list(local), set(dask) ^ set(local)
     differ = [f for f in local if dask[f] != local[f]]
     assert not differ, f"files that differ between the Dask cluster and the local executor: {differ}"
+
+
+@pytest.fixture
+def s3_server(tmp_path: Path) -> Iterator[str]:
+    """A real S3-compatible server (moto's ``moto_server``) on 127.0.0.1 with a bucket ``llmpipe``.
+
+    s3fs finds it through fsspec's configuration from the environment (``FSSPEC_S3_ENDPOINT_URL``):
+    set here for this process and inherited by the Dask processes started after it.
+    """
+    import fsspec.config
+
+    from llmpipe.processes import ManagedProcess, free_port, wait_for_http
+
+    pytest.importorskip("s3fs", reason="the [test] extra's s3fs")
+    cli = Path(sys.executable).with_name("moto_server")
+    if not cli.is_file():
+        pytest.skip("moto_server (the [test] extra's moto[server]) is not installed")
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "FSSPEC_S3_ENDPOINT_URL": endpoint}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    old_conf = fsspec.config.conf.get("s3")
+    fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
+    try:
+        with ManagedProcess([cli, "-H", "127.0.0.1", "-p", str(port)], tmp_path / "moto.log",
+                            name="moto_server") as server:
+            wait_for_http(f"{endpoint}/moto-api/data.json", timeout=60, proc=server)
+            fsspec.filesystem("s3", skip_instance_cache=True).mkdir("llmpipe")
+            yield "s3://llmpipe"
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if old_conf is None:
+            fsspec.config.conf.pop("s3", None)
+        else:
+            fsspec.config.conf["s3"] = old_conf
+
+
+def test_curation_with_s3_store_goes_through_the_url(tmp_path: Path, local_run, s3_server: str) -> None:
+    """With ``store: s3://...`` the workers read inputs and write shards through the store's URL,
+    each into its own cache, and the store ends up with the local executor's bytes."""
+    import fsspec
+
+    from llmpipe.executor_dask import dask_processes
+
+    local_keys, local = local_run
+    cluster = tmp_path / "cluster"
+    with dask_processes(cluster, n_workers=2) as address:
+        keys = _run(f"{s3_server}/store", tmp_path / "state", "executor.kind=dask",
+                    f"executor.dask_address={address}")
+    assert not _survivors(cluster), _survivors(cluster)
+    assert keys == local_keys
+    fs = fsspec.filesystem("s3")
+    remote = {}
+    for stage, key in keys.items():
+        base = f"llmpipe/store/{stage}/{key}"
+        for f in fs.find(base):
+            if not f.endswith("/manifest.json"):
+                remote[f"{stage}/{f[len(base) + 1:]}"] = hashlib.sha256(fs.cat_file(f)).hexdigest()
+    assert sorted(remote) == sorted(local), set(remote) ^ set(local)
+    differ = [f for f in local if remote[f] != local[f]]
+    assert not differ, f"files in the S3 store that differ from the local executor's: {differ}"
+    # the per-shard results went through the store, and each worker fetched its inputs into its own cache
+    assert fs.glob("llmpipe/store/langid/_shards/*/_DONE.json")
+    for i in (0, 1):
+        cache = cluster / f"worker-{i}" / ".llmpipe" / "store-cache"
+        assert any(cache.glob("*/_shards/*/_DONE.json")), f"worker-{i} wrote no shard in its own cache"
