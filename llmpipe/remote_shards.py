@@ -135,9 +135,9 @@ class _Mapper:
         return str(self.driver_local / path.relative_to(self.store.local))
 
 
-
 def walk(obj: Any, under: list[Path], fn: Callable[[str], str]) -> Any:
-    """``obj`` with every path (str or Path) under ``under`` mapped by ``fn``; containers rebuilt."""
+    """``obj`` with every path (str or Path) under ``under`` mapped by ``fn``; a container is rebuilt
+    only when something in it changed (a job's per-document lists come back as they were)."""
     if isinstance(obj, (str, Path)):
         s = str(obj)
         if any(s == str(r) or s.startswith(str(r) + "/") for r in under):
@@ -145,13 +145,19 @@ def walk(obj: Any, under: list[Path], fn: Callable[[str], str]) -> Any:
             return Path(mapped) if isinstance(obj, Path) else mapped
         return obj
     if isinstance(obj, dict):
-        return {k: walk(v, under, fn) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(walk(v, under, fn) for v in obj))
+        items = {k: walk(v, under, fn) for k, v in obj.items()}
+        return obj if all(items[k] is v for k, v in obj.items()) else items
     if isinstance(obj, (list, tuple)):
-        return type(obj)(walk(v, under, fn) for v in obj)
+        values = [walk(v, under, fn) for v in obj]
+        if all(a is b for a, b in zip(values, obj, strict=True)):
+            return obj
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*values)
+        return type(obj)(values)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         changes = {f.name: walk(getattr(obj, f.name), under, fn) for f in dataclasses.fields(obj) if f.init}
+        if all(v is getattr(obj, k) for k, v in changes.items()):
+            return obj
         return dataclasses.replace(obj, **changes)
     return obj
 
@@ -225,7 +231,7 @@ def run_remote_job(job: tuple[Callable[[Any], Any], Any, StoreView]) -> tuple[An
 
 def pull_staged(store: ArtifactStore, remote: str, out: Path) -> None:
     """Bring what a job wrote into ``ctx.out`` from its remote staging folder, then drop that folder."""
-    tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-pull-", dir=out.parent))
     try:
         store.fs.get(remote + "/", str(tmp), recursive=True)
         for f in sorted(p for p in tmp.rglob("*") if p.is_file()):

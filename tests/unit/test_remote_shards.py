@@ -107,3 +107,26 @@ def test_cached_shard_goes_to_the_store_and_back(tmp_path: Path, worker_home: Pa
     assert fetch_shard(store, "st", "s1")  # the driver's cache, not the worker's
     local = tmp_path / "driver-cache" / "st" / "_shards" / "s1"
     assert (local / "n.txt").read_text() == "2" and json.loads((local / DONE).read_text())["lines"] == 2
+
+
+def test_walk_maps_paths_in_containers_and_keeps_the_rest() -> None:
+    import dataclasses
+    from typing import NamedTuple
+
+    from llmpipe.remote_shards import walk
+
+    @dataclasses.dataclass(frozen=True)
+    class Job:
+        src: Path
+        names: list[str]
+
+    class Pair(NamedTuple):
+        a: str
+        b: int
+
+    scores = [{"x": 1.0}] * 3
+    obj = {"job": Job(Path("/d/s/a.txt"), ["/d/s/b", "/dx/c"]), "pair": Pair("/d/s", 2), "scores": scores}
+    out = walk(obj, [Path("/d/s")], lambda p: p.replace("/d/s", "/w"))
+    assert out["job"] == Job(Path("/w/a.txt"), ["/w/b", "/dx/c"]) and out["pair"] == Pair("/w", 2)
+    assert out["scores"] is scores  # nothing to map: the very same list, not a copy
+    assert walk(scores, [Path("/d/s")], str.upper) is scores
