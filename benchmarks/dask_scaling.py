@@ -8,7 +8,7 @@ the local executor's 2 processes and on a separately started ``dask scheduler`` 
 worker`` processes (own folders, ``executor.dask_address``), whose docs/s ratio is printed as the
 overhead of that path. Curation docs/s = ingested documents / wall seconds of the curation stages.
 
-    .venv/bin/python benchmarks/dask_scaling.py [--docs 8000] [--shards 8]
+    .venv/bin/python benchmarks/dask_scaling.py [--docs 8000] [--shards 8] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -95,10 +95,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=8000)
     ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="local vs separately started cluster rounds (best of)")
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        args.docs, args.shards = 400, 2
+        args.docs, args.shards, args.rounds = 400, 2, 1
     tmp = Path(tempfile.mkdtemp(prefix="llmpipe-dask-bench-"))
     try:
         make_corpus(tmp / "corpus", args.docs, args.shards)
@@ -108,15 +109,22 @@ def main() -> None:
             cfg = {"kind": "dask", "dask_workers": w, "dask_threads_per_worker": 1}
             results[w] = report(f"dask LocalCluster workers={w}", run_once(tmp / "corpus", tmp / f"store-{w}",
                                                                            cfg, per_shard))
-        results["local"] = report("local executor workers=2", run_once(
-            tmp / "corpus", tmp / "store-local", {"kind": "local", "workers": 2}, per_shard))
+        # local and separately started cluster alternate, best round each: other jobs' load moves both alike
         with dask_processes(tmp / "cluster", n_workers=2) as address:
-            results["separate"] = report("dask scheduler + 2 workers started apart", run_once(
-                tmp / "corpus", tmp / "store-separate", {"kind": "dask", "dask_address": address}, per_shard))
+            for r in range(args.rounds):
+                for name, cfg in (("local", {"kind": "local", "workers": 2}),
+                                  ("separate", {"kind": "dask", "dask_address": address})):
+                    label = ("local executor workers=2" if name == "local"
+                             else "dask scheduler + 2 workers started apart")
+                    got = report(f"{label} (round {r + 1})", run_once(
+                        tmp / "corpus", tmp / f"store-{name}-{r}", cfg, per_shard))
+                    if name not in results or got[0] / got[1] > results[name][0] / results[name][1]:
+                        results[name] = got
         assert len({str(r[2]) for r in results.values()}) == 1, "stage keys differ between executors"
         rate = {k: r[0] / r[1] for k, r in results.items()}
-        print(f"separately started cluster / local executor docs/s: {rate['separate'] / rate['local']:.3f} "
-              f"(overhead {1 - rate['separate'] / rate['local']:+.1%}; goal >= 0.9 at 500k documents)")
+        apart = rate["separate"] / rate["local"]
+        print(f"separately started cluster / local executor docs/s (best of {args.rounds} rounds each): "
+              f"{apart:.3f} (overhead {1 - apart:+.1%}; goal >= 0.9 at 500k documents)")
         ratio = rate[2] / rate[1]
         print(f"2 workers / 1 worker (baseline) docs/s ratio: {ratio:.2f}")
         print(f"RESULT dask_scaling_ratio {ratio:.3f} goal >= 1.6")
