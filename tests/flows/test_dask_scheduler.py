@@ -159,6 +159,9 @@ def test_curation_with_s3_store_goes_through_the_url(tmp_path: Path, local_run, 
     assert not differ, f"files in the S3 store that differ from the local executor's: {differ}"
     # the per-shard results went through the store, and each worker fetched its inputs into its own cache
     assert fs.glob("llmpipe/store/langid/_shards/*/_DONE.json")
+    # the jobs' staging folders and the files the stages shared with them (coherence's model) are gone
+    assert fs.find("llmpipe/store/coherence/_shards") and not [
+        p for p in fs.find("llmpipe/store") if "/.tmp-" in p], "temporary folders left in the store"
     for i in (0, 1):
         cache = cluster / f"worker-{i}" / ".llmpipe" / "store-cache"
         assert any(cache.glob("*/_shards/*/_DONE.json")), f"worker-{i} wrote no shard in its own cache"
