@@ -191,7 +191,7 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
     ctx = StageContext(
         spec=ps.spec, config=section(cfg, ps.spec), pipeline=cfg, key=ps.key, out=tmp,
         inputs=inputs, input_keys=dict(ps.input_keys),
-        store=store, executor=executor or make_executor(cfg),
+        store=store, executor=executor or make_executor(cfg),  # one it makes, it closes
         log=logger or logging.getLogger(f"llmpipe.{ps.name}"), on_progress=on_progress, extra=ps.extra,
         model_from=ps.model_from,
     )
@@ -206,6 +206,9 @@ def execute(cfg: PipelineConfig, store: ArtifactStore, ps: PlannedStage, upstrea
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         raise StageFailed(ps.name, e) from e
+    finally:
+        if executor is None and hasattr(ctx.executor, "close"):  # a Dask client: its scheduler connection
+            ctx.executor.close()
     return art, True, time.time() - t0
 
 

@@ -21,6 +21,9 @@ class ShardExecutor(Protocol):
     # ``map(..., threads=True)`` runs several items at once on threads of this process (a library
     # that parallelizes each call on its own pool should then stay on the calling thread)
     threads_here: bool
+    # its workers read and write this process's disk (a local pool); False for Dask, whose workers
+    # may sit on other hosts: with a URL store, shard jobs then go through the store's URL
+    shares_disk: bool
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
             on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
@@ -42,6 +45,7 @@ class LocalExecutor:
     def __init__(self, workers: int = 1) -> None:
         self.workers = max(1, int(workers))
         self.threads_here = self.workers > 1
+        self.shares_disk = True
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
             on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from llmpipe.executor import LocalExecutor, ShardExecutor
@@ -86,6 +89,7 @@ class DaskExecutor:
         self.n_workers = int(n_workers)
         self.threads_per_worker = int(threads_per_worker)
         self.threads_here = False  # items run in the cluster's worker processes
+        self.shares_disk = False  # workers may be on other hosts: a URL store is reached by its URL
         self._client: Any = None
 
     @classmethod
@@ -170,3 +174,56 @@ def executor_from_config(executor_cfg: Any) -> ShardExecutor:
     if kind == "dask":
         return DaskExecutor.from_config(executor_cfg)
     raise ValueError(f"executor.kind must be 'local' or 'dask', got {kind!r}")
+
+
+@contextlib.contextmanager
+def dask_processes(root: str | Path, n_workers: int = 2, threads_per_worker: int = 1,
+                   timeout: float = 90.0) -> Iterator[str]:
+    """A scheduler and ``n_workers`` workers as separate ``dask`` CLI processes on 127.0.0.1.
+
+    What a cluster of machines looks like to the driver, on one machine: the scheduler is not
+    started by the driver's client, and each worker runs in a folder of its own under ``root``
+    (its cwd, its ``--local-directory`` and its ``TMPDIR``), so no temporary path is shared with
+    the driver or with the other worker; only the store is. Yields the scheduler's address. Every
+    process is stopped on exit, also on failure (:class:`~llmpipe.processes.ManagedProcess`; the
+    watchdog ends them should this process be killed).
+    """
+    from distributed import Client
+
+    from llmpipe.processes import ManagedProcess, free_ports
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    dask_cli = Path(sys.executable).with_name("dask")
+    if not dask_cli.is_file():
+        raise RuntimeError(f"{dask_cli}: no `dask` command beside this Python (install the [dask] extra)")
+    (port,) = free_ports(1)
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ)
+    # the workers unpickle shard functions by module name: the same llmpipe as this process
+    code_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env.get("PYTHONPATH")) if p)
+    procs: list[ManagedProcess] = []
+    try:
+        procs.append(ManagedProcess(
+            [dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            root / "scheduler.log", env=env, cwd=root, name="dask-scheduler").start())
+        for i in range(n_workers):
+            home = root / f"worker-{i}"
+            (home / "tmp").mkdir(parents=True, exist_ok=True)
+            procs.append(ManagedProcess(
+                [dask_cli, "worker", address, "--host", "127.0.0.1", "--name", f"worker-{i}",
+                 "--nthreads", str(threads_per_worker), "--nworkers", "1", "--no-dashboard",
+                 "--local-directory", home / "dask", "--death-timeout", "60"],
+                home / "worker.log", env={**env, "TMPDIR": str(home / "tmp")}, cwd=home,
+                name=f"dask-worker-{i}").start())
+        try:
+            with Client(address, timeout=timeout, set_as_default=False) as client:
+                client.wait_for_workers(n_workers, timeout=timeout)
+        except Exception as e:
+            logs = "\n".join(f"--- {p.name} ({p.log_path})\n{p.tail(20)}" for p in procs)
+            raise RuntimeError(f"dask processes under {root} did not come up: {e}\n{logs}") from e
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.stop(grace=6.0)

@@ -17,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.executor import LocalExecutor, ShardExecutor
+from llmpipe.remote_shards import (
+    StoreView,
+    done_marker,
+    fetch_shard,
+    pull_staged,
+    run_remote_job,
+    run_remote_shard_job,
+    share_inputs,
+    unshare_inputs,
+)
 from llmpipe.shard_cache import DONE, run_shard_job
 
 log = logging.getLogger("llmpipe")
@@ -151,8 +161,29 @@ class StageContext:
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
             on_done: Callable[[int], None] | None = None, threads: bool = False) -> list[Any]:
-        """Run ``fn`` over items on the shard executor (process pool or Dask); ``threads``: see ShardExecutor."""
-        return self.executor.map(fn, items, on_done, threads=threads)
+        """Run ``fn`` over items on the shard executor (process pool or Dask); ``threads``: see ShardExecutor.
+
+        Where the workers do not share this disk and the store is a URL, each item's paths are mapped
+        to the worker's copies and what it writes into ``out`` comes back through the store
+        (:mod:`llmpipe.remote_shards`).
+        """
+        if not self.through_store:
+            return self.executor.map(fn, items, on_done, threads=threads)
+        items = list(items)
+        view = share_inputs(self.store, StoreView.of(self.store, self.name, self.out), items)
+        try:
+            pairs = self.executor.map(run_remote_job, [(fn, x, view) for x in items], on_done, threads=threads)
+        finally:
+            unshare_inputs(self.store, view)
+        for _result, staged in pairs:
+            if staged is not None:
+                pull_staged(self.store, staged, self.out)
+        return [result for result, _staged in pairs]
+
+    @property
+    def through_store(self) -> bool:
+        """Shard jobs reach the store by its URL: a remote store and workers off this disk (Dask)."""
+        return not getattr(self.store, "is_local", True) and not getattr(self.executor, "shares_disk", True)
 
     def progress(self, desc: str, done: int, total: int) -> None:
         if self.on_progress is not None:
@@ -208,16 +239,30 @@ class StageContext:
         ``threads``: ``fn`` releases the GIL for its heavy work (see :meth:`ShardExecutor.map`).
         """
         self.shard_keys.extend(k for k, _a in items)
-        todo = [(k, a) for k, a in items if not (self.shard_dir(k) / DONE).exists()]
+        remote = self.through_store
+        cached = (lambda k: fetch_shard(self.store, self.name, k)) if remote else \
+            (lambda k: (self.shard_dir(k) / DONE).exists())
+        todo = [(k, a) for k, a in items if not cached(k)]
         self.log.info("%s: %d shards, %d cached, %d to compute", self.name, len(items),
                       len(items) - len(todo), len(todo))
         if todo:
-            jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
-            self.map(run_shard_job, jobs, lambda n: self.progress(desc, n, len(jobs)), threads=threads)
+            on_done = lambda n: self.progress(desc, n, len(todo))  # noqa: E731
+            if remote:  # the workers write the shards into the store; this process fetches them below
+                view = share_inputs(self.store, StoreView.of(self.store, self.name, self.out),
+                                    [a for _k, a in todo])
+                try:
+                    self.executor.map(run_remote_shard_job, [(fn, a, view, k) for k, a in todo], on_done,
+                                      threads=threads)
+                finally:
+                    unshare_inputs(self.store, view)
+            else:
+                jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
+                self.executor.map(run_shard_job, jobs, on_done, threads=threads)
         results = []
         for k, _a in items:
             d = self.shard_dir(k)
-            results.append((d, json.loads((d / DONE).read_text())))
+            stats = done_marker(self.store, self.name, k) if remote else json.loads((d / DONE).read_text())
+            results.append((d, stats))
         return results
 
 

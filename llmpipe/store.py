@@ -218,21 +218,22 @@ class ArtifactStore:
         return Artifact(stage, key, final, manifest)
 
     def _upload(self, stage: str, key: str, final: Path, manifest: dict[str, Any], replace: bool) -> None:
-        """Put a published artifact on the remote root: data first, manifest last, then one move.
+        """Put a published artifact on the remote root: data first, manifest last.
 
-        A remote copy that appeared since this publish began (another machine, the same key) is kept;
-        only one that was there and failed verification at the start (``replace``) is replaced.
+        No manifest, no artifact: a reader never trusts a half-uploaded folder. The files go straight
+        to their place (an object store has no atomic folder rename: s3fs's recursive ``mv`` of a
+        prefix fails on S3). A remote copy that appeared since this publish began (another machine,
+        the same key) is kept; only one that was there and failed verification at the start
+        (``replace``) is removed first.
         """
         remote = self._remote(stage, key)
         if not replace and self.fs.exists(f"{remote}/{MANIFEST}"):
             return
-        rtmp = f"{self.root.as_posix()}/{stage}/.tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
-        for rel in manifest["files"]:  # data first, manifest last: no manifest, no artifact
-            self.fs.put_file(str(final / rel), f"{rtmp}/{rel}")
-        self.fs.put_file(str(final / MANIFEST), f"{rtmp}/{MANIFEST}")
-        if self.fs.exists(remote):
+        if replace and self.fs.exists(remote):
             self.fs.rm(remote, recursive=True)
-        self.fs.mv(rtmp, remote, recursive=True)
+        for rel in manifest["files"]:
+            self.fs.put_file(str(final / rel), f"{remote}/{rel}")
+        self.fs.put_file(str(final / MANIFEST), f"{remote}/{MANIFEST}")
 
     def _stamped_digests(self, stage: str) -> dict[tuple[int, int, int], tuple[str, Path]]:
         """(size, mtime, inode) -> (sha256, path) for the stamped files of this stage's local artifacts."""

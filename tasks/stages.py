@@ -96,7 +96,12 @@ def run_stage(stage: str, key: str, config: dict[str, Any], planned: dict[str, A
 
     with console.stage_output(stage):  # `llmpipe run`: everything the stage prints goes to its log file
         executor = make_executor(cfg)
-        art, ran, seconds = execute(cfg, store, ps, arts, executor=executor, logger=logger, on_progress=on_progress)
+        try:
+            art, ran, seconds = execute(cfg, store, ps, arts, executor=executor, logger=logger,
+                                        on_progress=on_progress)
+        finally:
+            if hasattr(executor, "close"):  # a Dask client: its connection to the scheduler
+                executor.close()
     for bar in bars.values():
         bar.close()
     update_progress_artifact(progress_id, progress=100.0)
