@@ -154,18 +154,19 @@ SET_BYTES = 4096  # a shingle set held for verification, as 64-bit hashes: ~500 
 
 
 def hashed_set(shingles: Iterable[bytes]) -> np.ndarray:
-    """A shingle set as its sorted, distinct 64-bit BLAKE2b hashes.
+    """A shingle set as its sorted, distinct 64-bit XXH3 hashes.
 
     Why hashes: a set of ~300 five-word shingles as Python ``bytes`` in a ``frozenset`` costs ~27 KB,
     as an array 2.4 KB, so a block of candidate keepers ten times larger fits the same budget (the
     verification's shard reads fall with the number of blocks). Two distinct shingles share a hash
     with probability 2^-64, so for two sets of a few hundred shingles the Jaccard differs from the
-    one over the strings with odds near 10^-14: it is the exact Jaccard for any corpus we will see.
+    one over the strings with odds near 10^-14. XXH3 (the ``xxhash`` that ``datasets`` uses) hashes
+    a set in ~0.1 ms where BLAKE2b took ~0.6 ms.
     """
-    from hashlib import blake2b
+    from xxhash import xxh3_64_intdigest
 
-    hashes = [int.from_bytes(blake2b(s, digest_size=8).digest(), "little") for s in shingles]
-    return np.unique(np.array(hashes, dtype=np.uint64))
+    items = shingles if isinstance(shingles, list) else list(shingles)
+    return np.unique(np.fromiter(map(xxh3_64_intdigest, items), np.uint64, len(items)))
 
 
 def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
