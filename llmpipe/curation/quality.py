@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,13 @@ from llmpipe.curation.text import (
 from llmpipe.document import Document
 
 _ALPHA = re.compile(r"[^\W\d_]")
+
+
+@lru_cache(maxsize=1 << 17)
+def _word_kind(word: str) -> tuple[bool, bool]:
+    """(has a letter, is a symbol word) of a word. Cached: documents share most of their words, and
+    the per-character test of :func:`is_symbol_word` was a fifth of the Gopher quality filter."""
+    return _ALPHA.search(word) is not None, is_symbol_word(word)
 
 
 def doc_lang(doc: Document, default: str) -> str:
@@ -115,9 +123,10 @@ class GopherQualityFilter(ScoredFilter):
         counts = Counter(words)
         n_non_symbol = chars_non_symbol = n_alpha = 0
         for w, c in counts.items():
-            if _ALPHA.search(w):
+            alpha, symbol = _word_kind(w)
+            if alpha:
                 n_alpha += c
-            if not is_symbol_word(w):
+            if not symbol:
                 n_non_symbol += c
                 chars_non_symbol += c * len(w)
         lines = text.splitlines() or [""]
@@ -184,6 +193,21 @@ def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
+def _ngram_hash_levels(ids: np.ndarray, sizes: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
+    """(n, :func:`_ngram_hashes` (ids, n)) for each n of ``sizes`` (ascending, each <= len(ids)): the
+    hashes of n-grams extend those of (n-1)-grams by one word (the same values, one vector step per
+    extra word instead of n steps per size)."""
+    h, done = np.zeros(len(ids), dtype=np.uint64), 0
+    with np.errstate(over="ignore"):
+        for n in sizes:
+            m = len(ids) - n + 1
+            h = h[:m]
+            for j in range(done, n):
+                h = h * _MIX + ids[j : j + m] + np.uint64(1)
+            done = n
+            yield n, h
+
+
 def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int, sep: int = 1) -> int:
     """Characters covered by the most frequent n-gram (its words plus n-1 separators of ``sep``
     characters, times its count); ties: first seen."""
@@ -233,16 +257,17 @@ class GopherRepetitionFilter(ScoredFilter):
         vocab: dict[str, int] = {}
         ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.uint64, count=len(words))
         lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
-        top, dup = {}, {}
-        for n in sorted(set(self.s.top_n_grams) | set(self.s.dup_n_grams)):
-            if len(words) < n:
-                top[n], dup[n] = 0.0, 0.0
-                continue
-            h = _ngram_hashes(ids, n)
+        sizes = sorted(set(self.s.top_n_grams) | set(self.s.dup_n_grams))
+        top = {n: 0.0 for n in sizes if n > len(words)}
+        dup = dict(top)
+        unique_from = None  # the smallest dup size whose n-grams are all distinct: no larger n-gram repeats
+        for n, h in _ngram_hash_levels(ids, [n for n in sizes if n <= len(words)]):
             if n in self.s.top_n_grams:
                 top[n] = _top_ngram_chars(h, lens, n, sep) / n_chars
             if n in self.s.dup_n_grams:
-                dup[n] = _dup_ngram_chars(h, lens, n) / n_chars
+                if unique_from is None and len(np.unique(h)) == len(h):
+                    unique_from = n
+                dup[n] = 0.0 if unique_from is not None else _dup_ngram_chars(h, lens, n) / n_chars
         return {
             "dup_para_frac": p_dup / len(paras),
             "dup_para_char_frac": p_chars / n_chars,
