@@ -1,8 +1,23 @@
-"""Curation chain vs datatrove: throughput and keep/drop agreement on the same generated corpus.
+"""Curation chain vs datatrove on real text: throughput and keep/drop agreement, rule by rule.
 
 Chain (both sides, same order, same published thresholds): language ID (lid.176.ftz, keep en at
 0.65) -> Gopher quality -> Gopher repetition -> C4 -> FineWeb -> MinHash near-dedup (word 5-grams,
-the same bands x rows: 23 x 11, which is what our default threshold 0.8 with 256 permutations gives).
+the same bands x rows: what our defaults give, 28 x 9 for threshold 0.8 with 256 permutations).
+
+The corpus is real text that every install has, offline (no synthetic vocabulary: a ~100-word one
+could not show where the rules differ):
+
+- the built-in corpus of ``configs/tiny.yaml`` (``builtin:tiny``: Python's docs from ``pydoc_data``,
+  the prose of stdlib docstrings, the built-in multilingual sample with its translated manual pages,
+  the planted junk and copies);
+- every docstring of 20+ words in the standard library's sources, as written (line breaks, lists,
+  doctests, tables: technical English, much of it code-like), one document each;
+- 40 documents per language of 2-5 paragraphs of the multilingual sample (de, es, fr, ja, ru, zh, en);
+- then planted copies: ~8% near copies of an earlier document (about one token in 120 swapped for
+  another token of the same document) and ~2% exact copies.
+
+``--docs 0`` (the default) takes every real document once (~4.6k documents with the copies, on
+CPython 3.11); a larger ``--docs`` adds documents of 2-4 paragraphs of real documents of one group.
 
 Each side runs the way its users run it, in its own fresh process, one worker:
 
@@ -14,35 +29,31 @@ Each side runs the way its users run it, in its own fresh process, one worker:
   and ``JsonlReader`` -> ``MinhashDedupFilter`` -> ``JsonlWriter``, chained with ``depends=``.
 
 datatrove lives in its own virtual environment under ``.bench/datatrove-venv`` (git-ignored, created
-on first run with ``pip install datatrove[processing] spacy orjson``; never a project dependency). Its
-language filter loads the same lid.176.ftz through its own asset cache (``FT176LID.MODEL_URL`` points
-at the local file, copied once into ``.bench/hf-assets``; no download).
+on first run with ``pip install datatrove[processing] spacy orjson``; never a project dependency;
+measured with datatrove 0.10.1, spaCy 3.8). Its language filter loads the same lid.176.ftz through
+its own asset cache (``FT176LID.MODEL_URL`` points at the local file; no download).
 
-Timing: from the first stage to the last output, after imports. Throughput uses CPU seconds of the
-process *and its children* (``getrusage`` SELF + CHILDREN: datatrove's executor starts a
-multiprocessing manager process per step), so a busy shared machine distorts the ratio less than
-wall time would; wall time is printed too.
-
-The corpus plants duplicates so dedup has work: ~8% near copies of an earlier document (about one
-word in 120 replaced, Jaccard of 5-gram shingles ~0.85-0.95) and ~2% exact copies.
+Timing: from the first stage to the last output, after the top-level imports; each side's lazy imports
+(ours: fasttext, matplotlib for the funnel charts, datasketch/scipy and numba for dedup; datatrove:
+spaCy) fall inside, as they do for a user. Throughput uses CPU seconds of the process *and its
+children* (``getrusage`` SELF + CHILDREN: datatrove's executor starts a multiprocessing manager process
+per step), so a busy shared machine distorts the ratio less than wall time would; wall time is printed.
+At ~4.6k short documents, fixed costs (imports, model load, charts: about 2 CPU-seconds on our side)
+are half of our time; ``--docs 20000`` shows the per-document ratio better.
 
 Agreement: per rule filter on every document independently (each filter's own definition, untimed
-second pass), the rule chain's keep/drop (before dedup), dedup (removed as a duplicate or not, on the
-documents both sides passed to dedup), and the whole chain's final keep/drop.
+second pass, English settings on both sides), the rule chain's keep/drop (before dedup), dedup
+(removed as a duplicate or not, on the documents both sides passed to dedup), and the whole chain's
+final keep/drop. The documents on which a rule disagrees go to ``.bench/curation/disagreements.json``.
+Deviations (listed with their reasons in :mod:`llmpipe.curation.quality`): words come from a regex
+close to spaCy's English tokenizer, not spaCy itself; on prose (the multilingual sample, Python's
+docs prose) the rules agree, on code-like docstrings the word split differs (identifiers with
+underscores, calls such as ``Decimal('1.5')``, runs of ``-``, contractions spaCy splits as ``do n't``,
+``e.g.``) and the Gopher rules near their thresholds (alpha-word share 0.8, top n-gram shares) flip.
+CJK documents are judged on segmented words on purpose. Dedup verifies each candidate pair's exact
+Jaccard (>= 0.8), where datatrove removes every MinHash candidate, so datatrove removes a few more.
 
-Why datatrove is slow (measured; not the executor, logging or model loading: the dedup steps after
-the signatures take ~10 s of its ~400 s CPU at 20k docs, and the lid model loads once): its filters
-cost ~13 ms CPU per document, mostly spaCy tokenization (profile: ~60% of the time in spaCy's
-tokenizer, a third of that creating lexemes: 226k new lexemes for 500 documents over a ~100-word
-vocabulary, because datatrove tokenizes inside spaCy ``memory_zone()``, which frees them after every
-call). A document that survives the chain is tokenized four times: words
-(Gopher quality and repetition share them through ``split_into_parts``' ``lru_cache``), sentences
-(C4), words again for FineWeb (C4 rewrites ``doc.text``, so the cache key changes), and words of the
-simplified text for the MinHash signature. That is datatrove as shipped and as its users run it, so
-it is measured as is. The earlier "~4 min per 2k docs" was the untimed per-rule pass looping
-filter-outer (defeating the cache) on a busy shared 2-core machine; the timed chain was ~25 s CPU.
-
-    .venv/bin/python benchmarks/curation_vs_datatrove.py [--docs 20000]
+    .venv/bin/python benchmarks/curation_vs_datatrove.py [--docs 0]
 """
 
 from __future__ import annotations
@@ -419,7 +430,7 @@ def report(texts: list[str], groups: list[str], planted: dict[int, tuple[str, in
     print(f"wall: ours {ours['wall']:.1f}s, datatrove {theirs['wall']:.1f}s "
           f"(ratio {theirs['wall'] / ours['wall']:.2f}; shared machine, CPU ratio is the figure)")
     print(f"RESULT curation_rule_agreement_non_cjk_min {min(rule_agree):.4f} goal >= 0.99")
-    print(f"RESULT curation_throughput_ratio {our_rate / their_rate:.2f} goal >= 3")
+    print(f"RESULT curation_throughput_ratio {our_rate / their_rate:.2f} goal >= 10")
 
 
 def main() -> None:
