@@ -96,9 +96,37 @@ _SEA_BLOCKS = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff\
                          "\U000116d0-\U000116ff]")  # the scripts' Unicode blocks (a test checks them)
 
 
+def _ascii_class(char_class: str) -> str:
+    """The ASCII characters that ``char_class`` matches under the ``regex`` module, written out as the
+    body of a standard ``re`` character class (so both modules see exactly the same characters)."""
+    chars = (chr(c) for c in range(128))
+    return "".join(re.escape(c) for c in chars if regex.fullmatch(char_class, c))
+
+
+def _ascii_word_re() -> re.Pattern[str]:
+    """:func:`_word_re` for pure-ASCII text, on the standard ``re`` module (about 2.5x faster there:
+    no Unicode property to test per character). Same alternatives, in the same order, each class
+    reduced to its ASCII members (the unspaced scripts and the curly apostrophe have none); a test
+    compares the tokens with ``_WORD_RE``'s on every ASCII character and on random ASCII strings."""
+    s, ns, ln = _ascii_class(r"\s"), _ascii_class(r"\S"), _ascii_class(r"[\p{L}\p{N}]")
+    word, dom, letter = _ascii_class(r"[\w.+-]"), _ascii_class(r"[\w-]"), _ascii_class(r"\p{L}")
+    body = _ascii_class(r"[^\s\p{P}\p{S}]")
+    return re.compile(
+        rf"https?://[{ns}]+?(?=[.,;:!?)\]\"']*(?:[{s}]|$))|[{word}]+@[{dom}]+(?:\.[{dom}]+)+"
+        rf"|(?<=[{letter}])'[{letter}]+"
+        rf"|(?:[{body}]|(?<=[{ln}])[.,](?=[{ln}]))+"
+        rf"|\.\.+|[{ns}]")
+
+
+_WORD_RE_ASCII = _ascii_word_re()
+
+
 def _tokens(text: str) -> list[str]:
-    """``_WORD_RE.findall(text)``, by the faster pattern where it finds the same tokens."""
-    if text.isascii() or not _SEA_BLOCKS.search(text):
+    """``_WORD_RE.findall(text)``, by the faster pattern where it finds the same tokens: the ``re``
+    one for ASCII text, the one without the four Southeast Asian scripts when none is there."""
+    if text.isascii():
+        return _WORD_RE_ASCII.findall(text)
+    if not _SEA_BLOCKS.search(text):
         return _WORD_RE_NO_SEA.findall(text)
     return _WORD_RE.findall(text)
 
@@ -277,7 +305,9 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     regex; runs of CJK characters are segmented into words by the segmenter :func:`segmenter_lang`
     picks for ``text`` and ``lang``, runs of Thai, Lao, Khmer and Myanmar by ICU."""
     tokens = _tokens(text)
-    runs = [t for t in tokens if _UNSPACED_CHAR.match(t)]  # one test per token: spaced text pays no more
+    if text.isascii() or not UNSPACED_RE.search(text):  # no unspaced character: no run to segment
+        return tuple(tokens)
+    runs = [t for t in tokens if _UNSPACED_CHAR.match(t)]
     if not runs:
         return tuple(tokens)
     cjk = [t for t in runs if _CJK_RE.match(t)]

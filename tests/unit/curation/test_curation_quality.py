@@ -118,6 +118,28 @@ def test_dup_ngram_matches_reference_definition() -> None:
     assert d.metadata["scores"]["gopher_repetition"]["dup_n_gram_char_frac"]["5"] == pytest.approx(5 / len(text))
 
 
+def test_ngram_hashes_by_level_and_the_dup_shortcut_give_the_direct_figures() -> None:
+    """Hashes extended one word per size equal hashes computed per size; a document whose 5-grams are
+    all distinct (so no longer n-gram repeats) scores 0 for every larger size, as the scan would."""
+    import numpy as np
+
+    from llmpipe.curation.quality import _dup_ngram_chars, _ngram_hash_levels, _ngram_hashes
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 20, 300).astype(np.uint64)
+    sizes = [2, 3, 4, 5, 7, 10]
+    assert all(np.array_equal(h, _ngram_hashes(ids, n)) for n, h in _ngram_hash_levels(ids, sizes))
+    lens = np.ones(len(ids), dtype=np.int64)
+    distinct = np.arange(50, dtype=np.uint64)
+    assert [_dup_ngram_chars(_ngram_hashes(distinct, n), lens, n) for n in range(5, 11)] == [0] * 6
+    text = "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3
+    d = doc(text)
+    GopherRepetitionFilter().filter(d)
+    direct = {str(n): _dup_ngram_chars(_ngram_hashes(np.array([ord(w) for w in text.split()], dtype=np.uint64), n),
+                                       np.ones(78, dtype=np.int64), n) / len(text) for n in range(5, 11)}
+    assert d.metadata["scores"]["gopher_repetition"]["dup_n_gram_char_frac"] == pytest.approx(direct)
+
+
 C4_CASES = {
     "lorem_ipsum": GOOD_EN + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.",
     "curly_bracket": GOOD_EN + "\nThe function body is { return x; } in this example text.",

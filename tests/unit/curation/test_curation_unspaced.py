@@ -90,6 +90,24 @@ def test_the_fast_word_pattern_is_taken_only_where_it_finds_the_same_words() -> 
         assert T._WORD_RE_NO_SEA.findall(text) == T._WORD_RE.findall(text)
 
 
+def test_the_ascii_word_pattern_finds_the_words_of_the_unicode_one() -> None:
+    """ASCII text is split by a standard-``re`` pattern (faster); on every ASCII character, code-like
+    and prose samples and random ASCII strings it finds exactly the tokens of ``_WORD_RE``."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    rng = random.Random(0)
+    every = [chr(c) for c in range(128)]
+    samples = ["".join(every), "it's 3.5 words... see https://x.org/a?b=1). Mail a.b+c@d-e.org!",
+               "Parse a URL: <scheme>://<netloc>/<path>;<params>?<query>#<fragment>\n>>> f(x, y=2)\n\tdone."]
+    samples += ["".join(rng.choice(every) if rng.random() < 0.5 else rng.choice("ab1 .,'-@:/htps\n")
+                        for _ in range(rng.randint(0, 40))) for _ in range(5000)]
+    for text in samples:
+        assert T._WORD_RE_ASCII.findall(text) == T._WORD_RE.findall(text), repr(text)
+        assert words_of(text) == tuple(T._WORD_RE.findall(text))
+
+
 def test_the_written_out_ranges_hold_every_character_of_the_unspaced_scripts() -> None:
     """``UNSPACED_RANGES`` (for the standard ``re`` module) covers what the ``regex`` module's script
     properties say today; a Unicode update that adds characters fails here, naming them."""
