@@ -65,6 +65,17 @@ def make_run_store(keys: dict[str, str], who: str) -> Path | None:
     return store_dir
 
 
+def link_artifacts(src: Path, dest: Path, keys: dict[str, str]) -> None:
+    """Hard-link the artifact of each of ``keys`` from store ``src`` into store ``dest`` (a setup that
+    needs them published, not made by itself: the stages after them then run on them). Publishing
+    renames a new folder into place and nothing writes into a published artifact, so ``src``'s files
+    stay as they are; the store hashes the linked files on first use (no stamps come along)."""
+    import shutil
+
+    for stage, key in keys.items():
+        shutil.copytree(src / stage / key, dest / stage / key, copy_function=os.link)
+
+
 def _not_taken(who: str, why: str) -> None:
     """Say in the suite's warnings summary why ``make run``'s store was not used (the test then pays a
     cold run of its own): where the time went is then in CI's log."""
