@@ -41,6 +41,14 @@ def _keyed(store_root: Path, keys: dict[str, str]) -> dict[str, dict[str, Any]]:
     return {stage: _artifact(store_root / stage / key / "manifest.json") for stage, key in sorted(keys.items())}
 
 
+def _data_refresh_keys(config: str, overrides: list[str]) -> dict[str, str]:
+    """stage -> full key of the data_refresh stages (the flow's rows show 12 characters)."""
+    from llmpipe.config import load_config
+    from llmpipe.dag import plan, select
+
+    return {ps.name: ps.key for ps in select(plan(load_config(config, overrides)), "data_refresh", None, None)}
+
+
 @pytest.fixture(scope="module")
 def prefect_home(tmp_path_factory: pytest.TempPathFactory):
     old = os.environ.get("PREFECT_HOME")
@@ -66,7 +74,8 @@ def test_data_refresh_on_dask_matches_local(tmp_path: Path, prefect_home: None) 
         assert len(cluster.workers) == 2 and cluster.scheduler_address.startswith("tcp://127.0.0.1:")
     finally:
         close_local_clusters()
-    keys = {r["stage"]: r["key"] for r in dask_rows}
+    keys = _data_refresh_keys(config, [*common, "executor.kind=dask", "executor.dask_workers=2"])
+    assert [(r["stage"], r["key"]) for r in dask_rows] == [(s, k[:12]) for s, k in keys.items()], dask_rows
     made = make_run_store(keys, "dask-equivalence")  # its record holds the same keys: they are the local ones
     if made is None:
         local_rows = data_refresh(config=config, overrides=[*common, f"store={tmp_path / 'local'}",
