@@ -93,8 +93,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        # curation + tokenize only, on a tenth of the corpus
-        args.reruns, args.overrides = 1, ["ingest.sample=0.1", *args.overrides, "--flow", "data_refresh"]
+        # ingest..quality on a tenth of the corpus: every step of the script (server, cold run, rerun, bare
+        # flow, temporary server) at its smallest; the suite's caching tests cover every stage's reuse
+        args.reruns = 1
+        args.overrides = ["ingest.sample=0.1", *args.overrides, "--flow", "data_refresh", "--until", "quality"]
     from flows import prefect_ops
     from llmpipe.processes import free_port
 

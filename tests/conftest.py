@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CODE = ("llmpipe", "flows", "tasks", "configs", "pyproject.toml")  # what the bytes of a run depend on
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -28,6 +31,55 @@ def write_jsonl(path: Path, records: list[dict | str | bytes]) -> Path:
             else:
                 f.write(json.dumps(r, ensure_ascii=False).encode() + b"\n")
     return path
+
+
+def run_records(store: Path) -> list[dict[str, str]]:
+    """The stage -> key maps of the runs recorded in ``store``, oldest first."""
+    from llmpipe.store import RUNS
+
+    return [json.loads(f.read_text())["artifacts"] for f in sorted((store / RUNS).glob("*.json"))]
+
+
+def _newest_code() -> float:
+    """When the code or a config last changed (the newest modification time of its files)."""
+    files = [f for part in CODE for f in ([ROOT / part] if (ROOT / part).is_file() else (ROOT / part).rglob("*"))
+             if f.is_file() and "__pycache__" not in f.parts]
+    return max(f.stat().st_mtime for f in files)
+
+
+def make_run_store(keys: dict[str, str], who: str) -> Path | None:
+    """The repository's store when ``make run`` (CI runs it before the tests) published every artifact of
+    ``keys`` there, under one recorded run, each made after the code last changed (an older one may be
+    another version's bytes): a test that needs a cold run of those keys in a store of its own takes
+    that one instead of paying its own. Otherwise None, and ``who`` says why in the warnings summary."""
+    from llmpipe.store import ArtifactStore
+
+    store_dir = ROOT / ".llmpipe" / "store"
+    if not store_dir.is_dir() or not any(keys.items() <= run.items() for run in run_records(store_dir)):
+        return _not_taken(who, f"no run of these keys is recorded in {store_dir}")
+    store, newest = ArtifactStore(store_dir), _newest_code()
+    for name, key in keys.items():
+        art = store.get(name, key)
+        if art is None or dt.datetime.fromisoformat(art.manifest["created"]).timestamp() <= newest:
+            return _not_taken(who, f"{name} {key[:12]} is {'absent' if art is None else 'older than the code'}")
+    return store_dir
+
+
+def link_artifacts(src: Path, dest: Path, keys: dict[str, str]) -> None:
+    """Hard-link the artifact of each of ``keys`` from store ``src`` into store ``dest`` (a setup that
+    needs them published, not made by itself: the stages after them then run on them). Publishing
+    renames a new folder into place and nothing writes into a published artifact, so ``src``'s files
+    stay as they are; the store hashes the linked files on first use (no stamps come along)."""
+    import shutil
+
+    for stage, key in keys.items():
+        shutil.copytree(src / stage / key, dest / stage / key, copy_function=os.link)
+
+
+def _not_taken(who: str, why: str) -> None:
+    """Say in the suite's warnings summary why ``make run``'s store was not used (the test then pays a
+    cold run of its own): where the time went is then in CI's log."""
+    warnings.warn(f"{who}: make run's store not used: {why}", stacklevel=3)
 
 
 @pytest.fixture

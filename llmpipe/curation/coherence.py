@@ -81,22 +81,28 @@ def build_reference_model(texts: Sequence[str], lang: str, path: Path, order: in
 
 
 @lru_cache(maxsize=16)
-def load_kenlm(path: str) -> Any:
-    """A ``kenlm.Model`` (cached per process: each shard worker loads a model once)."""
+def load_kenlm(path: str, scorer: str = "auto") -> Any:
+    """A ``kenlm.Model``, or with ``scorer`` python (or auto without the package) the Python reader of
+    an ARPA text model (cached per process: each shard worker loads a model once)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"coherence.kenlm_models: no model file at {path}")
-    try:
-        import kenlm
-    except ImportError:  # the compiled package is an extra; ARPA text models score in Python too
+    kenlm = None
+    if scorer != "python":  # the compiled package is an extra; ARPA text models score in Python too
+        try:
+            import kenlm
+        except ImportError:
+            kenlm = None
+    if kenlm is not None:
+        config = kenlm.Config()
+        config.show_progress = False  # its progress bar goes to stderr, in every shard worker
+        return kenlm.Model(path, config)
+    if Path(path).read_bytes()[:64].lstrip().startswith(b"\\data\\"):
         from llmpipe.curation.arpa import ArpaModel
 
-        if Path(path).read_bytes()[:64].lstrip().startswith(b"\\data\\"):
-            return ArpaModel(path)
-        raise ImportError(f"coherence.kenlm_models: {path} is a KenLM binary model, which needs the kenlm "
-                          f"package: pip install 'llmpipe[coherence]' (builds it with a C++ compiler)") from None
-    config = kenlm.Config()
-    config.show_progress = False  # its progress bar goes to stderr, in every shard worker
-    return kenlm.Model(path, config)
+        return ArpaModel(path)
+    why = "coherence.arpa_scorer python reads ARPA text only" if scorer == "python" else "needs the kenlm package"
+    raise ImportError(f"coherence.kenlm_models: {path} is a KenLM binary model, which {why}: pip install "
+                      f"'llmpipe[coherence]' (builds it with a C++ compiler)")
 
 
 def kenlm_perplexity(model: Any, text: str, lang: str, sp_model: str | None = None) -> tuple[float | None, int]:
@@ -114,11 +120,13 @@ def kenlm_perplexity(model: Any, text: str, lang: str, sp_model: str | None = No
 def score_kenlm_shard(shard: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Per document: ``{"lang", "perplexity", "tokens"}`` (perplexity None: no model or no words)."""
     models, sp, default_lang = payload["models"], payload["sentencepiece"], payload["default_lang"]
+    scorer = payload.get("arpa_scorer", "auto")
     out = []
     for text, meta in iter_rows(shard, ("text", "metadata")):  # no Document per row: the model's work only
         lang = _lang(meta, default_lang)
         path = models.get(lang)
-        ppl, n = (None, 0) if path is None else kenlm_perplexity(load_kenlm(path), text, lang, sp.get(lang))
+        model = None if path is None else load_kenlm(path, scorer)
+        ppl, n = (None, 0) if model is None else kenlm_perplexity(model, text, lang, sp.get(lang))
         out.append({"lang": lang, "perplexity": None if ppl is None else round(ppl, 4), "tokens": n})
     return out
 

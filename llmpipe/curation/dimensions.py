@@ -61,7 +61,8 @@ def _coherence_requires(pipeline: Any) -> tuple[str, ...]:
     if not cfg.enabled:
         return ("matplotlib",)
     binary = any(not str(m).endswith(".arpa") for m in cfg.kenlm_models.values())  # ARPA text scores in Python
-    mods = ("torch", "transformers") if cfg.scorer == "model" else (("kenlm",) if binary else ())
+    kenlm = binary or cfg.arpa_scorer == "kenlm"
+    mods = ("torch", "transformers") if cfg.scorer == "model" else (("kenlm",) if kenlm else ())
     return (*CURATION_TEXT, *mods, *(("sentencepiece",) if cfg.sentencepiece else ()))
 
 
@@ -96,10 +97,11 @@ def _kenlm_payload(ctx: StageContext, cfg: CoherenceConfig) -> tuple[dict[str, A
         models[lang] = str(build_reference_model(texts, lang, ctx.out / MODELS / f"{lang}.arpa", cfg.order,
                                                  sp.get(lang)))
     # scores depend on the models' bytes: a rebuilt reference model (or a replaced file) rescoring
+    reader = cfg.resolved_arpa_scorer()  # in the per-shard key too: the two scorers' scores differ slightly
     key = {"models": {lang: sha256_file(Path(p)) for lang, p in sorted(models.items())},
            "sentencepiece": {lang: sha256_file(Path(p)) for lang, p in sorted(sp.items())},
-           "default_lang": cfg.default_lang}
-    return {"models": models, "sentencepiece": sp, "default_lang": cfg.default_lang}, key
+           "default_lang": cfg.default_lang, "arpa_scorer": reader}
+    return {"models": models, "sentencepiece": sp, "default_lang": cfg.default_lang, "arpa_scorer": reader}, key
 
 
 @stage("coherence", version=VERSION, inputs=("quality",), config_field="coherence", flow="data_refresh",

@@ -28,6 +28,10 @@ class CoherenceConfig(Section):
         default_factory=dict, description="reference documents per language (.txt: one per line, .jsonl: "
         "`text`) from which the stage estimates its own KenLM model, kept in the artifact")
     order: int = Field(3, ge=1, le=6, description="n-gram order of the models estimated from `reference`")
+    arpa_scorer: Literal["auto", "kenlm", "python"] = Field(
+        "auto", description="what scores with the n-gram models: kenlm (the compiled package, the "
+        "`[coherence]` extra), python (a reader of ARPA text models: the same key on every install), or auto "
+        "(kenlm when installed); the two agree to about 1e-5 in log10, so the choice is part of the key")
     sentencepiece: dict[str, str] = Field(
         default_factory=dict, description="SentencePiece model per language, for KenLM models trained on its "
         "pieces (CCNet's); otherwise words")
@@ -69,15 +73,26 @@ class CoherenceConfig(Section):
             raise ValueError(f"languages {both} have both a kenlm_models path and a reference set: pick one")
         if self.enabled and self.scorer == "kenlm" and not (self.kenlm_models or self.reference):
             raise ValueError("scorer 'kenlm' needs kenlm_models or reference (per language)")
+        if self.enabled and self.scorer == "kenlm" and self.arpa_scorer == "kenlm" and not _has_kenlm():
+            raise ValueError("arpa_scorer 'kenlm' needs the kenlm package: pip install 'llmpipe[coherence]' "
+                             "(builds it with a C++ compiler), or arpa_scorer: python")
         return self
 
+    def resolved_arpa_scorer(self) -> Literal["kenlm", "python"]:
+        """Which scorer reads the n-gram models on this install (``auto``: kenlm when it imports)."""
+        if self.arpa_scorer == "auto":
+            return "kenlm" if _has_kenlm() else "python"
+        return self.arpa_scorer
+
     def key_dict(self) -> dict[str, Any]:
-        """The settings, and which ARPA scorer this install has: the compiled ``kenlm`` and the Python
-        ``ArpaModel`` agree to about 1e-5 in log10, not bit for bit, so the scores (and the artifact's
-        bytes) depend on it: installing ``[coherence]`` changes the key instead of the bytes under one."""
+        """The settings, and which ARPA scorer scores: the compiled ``kenlm`` and the Python ``ArpaModel``
+        agree to about 1e-5 in log10, not bit for bit, so the scores (and the artifact's bytes) depend on
+        it. Under ``auto`` installing ``[coherence]`` changes the key instead of the bytes under one; a
+        pinned scorer gives one key on every install (``make run`` without KenLM, ``make test`` with it)."""
         out = super().key_dict()
+        out.pop("arpa_scorer")  # in the key only where it scores, resolved: auto's keys stay as they were
         if self.enabled and self.scorer == "kenlm":
-            out["arpa_scorer"] = "kenlm" if _has_kenlm() else "python"
+            out["arpa_scorer"] = self.resolved_arpa_scorer()
         return out
 
 

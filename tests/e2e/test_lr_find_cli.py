@@ -1,4 +1,8 @@
-"""``llmpipe lr-find`` as a user runs it: after `--until tokenize`, a suggestion, a curve, an untouched store."""
+"""``llmpipe lr-find`` as a user runs it: after `--until tokenize`, a suggestion, a curve, an untouched store.
+
+The store is the shared cold run's (``cold_tiny_run``), hard-linked into a fresh project: its
+``--until tokenize`` is then all reuse, and the suite pays one cold run instead of two.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import ColdRun
 from tests.e2e.test_lifecycle import _cli
 
 pytestmark = pytest.mark.slow
 
 
-def test_lr_find_suggests_a_rate_and_draws_the_curve_without_touching_the_store(tmp_path: Path) -> None:
+def test_lr_find_suggests_a_rate_and_draws_the_curve_without_touching_the_store(tmp_path: Path,
+                                                                                cold_tiny_run: ColdRun) -> None:
+    import os
     import shutil
     import subprocess
     import sys
@@ -27,8 +34,10 @@ def test_lr_find_suggests_a_rate_and_draws_the_curve_without_touching_the_store(
                            timeout=300)
     assert early.returncode == 1 and "run `llmpipe run tiny.yaml --until tokenize` first" in early.stderr, \
         early.stderr
-    assert _cli(project, "--until", "tokenize", "--no-prefect").returncode == 0
+    assert cold_tiny_run.result.returncode == 0, f"the shared cold run failed:\n{cold_tiny_run.result.stderr[-4000:]}"
     store = project / ".llmpipe" / "store"
+    shutil.copytree(cold_tiny_run.project / ".llmpipe" / "store", store, copy_function=os.link, dirs_exist_ok=True)
+    assert _cli(project, "--until", "tokenize", "--no-prefect").returncode == 0
     before = sorted(p.relative_to(store).as_posix() for p in store.rglob("*"))
     r = subprocess.run([str(llmpipe), "lr-find", "tiny.yaml", "--steps", "40", "--max-lr", "3"], cwd=project,
                        capture_output=True, text=True, timeout=600)

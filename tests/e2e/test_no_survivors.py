@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from llmpipe.processes import GUARD_GRACE_S, descendants
-from tests.conftest import ROOT
+from tests.conftest import ROOT, link_artifacts, make_run_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux processes")]
 
@@ -210,8 +210,18 @@ def env(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def store(root: Path, env: dict[str, str]) -> list[str]:
-    """A store filled through ``quantize`` by the real command (tiny config, 4 steps): the run's overrides."""
+    """A store filled through ``quantize`` by the real command (tiny config, 4 steps): the run's overrides.
+    The data stages' artifacts (ingest..tokenize, what ``make run`` published when CI ran it) are linked
+    in first: nothing here kills a run in them, so the command runs pretrain..quantize on them."""
+    from llmpipe.config import load_config
+    from llmpipe.dag import plan, select
+
     overrides = [f"store={root / 'store'}", f"state_dir={root / 'state'}"]
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*overrides, *PREPARED])
+    data = {ps.name: ps.key for ps in select(plan(cfg), "data_refresh", None, None)}
+    made = make_run_store(data, "no-survivors")
+    if made is not None:
+        link_artifacts(made, root / "store", data)
     r = subprocess.run([*CLI, "run", "configs/tiny.yaml", *overrides, "--no-prefect", "--until", "quantize", *PREPARED],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

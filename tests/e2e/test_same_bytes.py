@@ -16,26 +16,23 @@ deploy artifact, and the artifact must be unchanged: nothing writes into a publi
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, make_run_store, run_records
 from tests.e2e.conftest import ColdRun
 
 pytestmark = pytest.mark.slow
 # the manifest's record of this run, which may differ: its figures, and the per-shard results it reused
 # (a refresh that links the previous artifact's decisions reuses none; a cold run lists its own)
 MEASURED = ("stats", "timings", "created", "shard_cache")
-CODE = ("llmpipe", "flows", "tasks", "configs", "pyproject.toml")  # what the bytes of a run depend on
 
 
 def _own_run(root: Path) -> Path:
@@ -59,13 +56,6 @@ def _own_run(root: Path) -> Path:
     return root / "store"
 
 
-def _records(store: Path) -> list[dict[str, str]]:
-    """The stage -> key maps of the runs recorded in ``store``, oldest first."""
-    from llmpipe.store import RUNS
-
-    return [json.loads(f.read_text())["artifacts"] for f in sorted((store / RUNS).glob("*.json"))]
-
-
 def _artifacts(store_dir: Path, keys: dict[str, str]) -> dict[str, Any]:
     """stage -> its verified artifact of ``keys`` in ``store_dir``."""
     from llmpipe.store import ArtifactStore
@@ -75,35 +65,6 @@ def _artifacts(store_dir: Path, keys: dict[str, str]) -> dict[str, Any]:
     missing = [name for name, art in arts.items() if art is None]
     assert not missing, f"{store_dir}: no verified artifact for stages {missing}"
     return arts
-
-
-def _newest_code() -> float:
-    """When the code or a config last changed (the newest modification time of its files)."""
-    files = [f for part in CODE for f in ([ROOT / part] if (ROOT / part).is_file() else (ROOT / part).rglob("*"))
-             if f.is_file() and "__pycache__" not in f.parts]
-    return max(f.stat().st_mtime for f in files)
-
-
-def _make_run_store(keys: dict[str, str]) -> Path | None:
-    """The repository's store when ``make run`` published every artifact of ``keys`` there, under one
-    recorded run, each made after the code last changed (an older one may be another version's bytes)."""
-    from llmpipe.store import ArtifactStore
-
-    store_dir = ROOT / ".llmpipe" / "store"
-    if not store_dir.is_dir() or keys not in _records(store_dir):
-        return _not_taken(f"no run of these keys is recorded in {store_dir}")
-    store, newest = ArtifactStore(store_dir), _newest_code()
-    for name, key in keys.items():
-        art = store.get(name, key)
-        if art is None or dt.datetime.fromisoformat(art.manifest["created"]).timestamp() <= newest:
-            return _not_taken(f"{name} {key[:12]} is {'absent' if art is None else 'older than the code'}")
-    return store_dir
-
-
-def _not_taken(why: str) -> None:
-    """Say in the suite's warnings summary why ``make run``'s store was not the second run (the test
-    then pays a cold run of its own): where the time went is then in CI's log."""
-    warnings.warn(f"same-bytes: make run's store not used: {why}", stacklevel=3)
 
 
 def _on_disk(path: Path) -> set[str]:
@@ -169,9 +130,10 @@ def test_two_cold_runs_publish_the_same_bytes(cold_tiny_run: ColdRun, tmp_path: 
     first = cold_tiny_run.result
     assert first.returncode == 0, f"the shared cold run failed:\n{first.stderr[-4000:]}"
     store_a = cold_tiny_run.project / ".llmpipe" / "store"
-    keys = _records(store_a)[0]  # its first record is the cold run's (the lifecycle test adds a cached one)
-    store_b = _make_run_store(keys) or _own_run(tmp_path / "b")
-    assert keys in _records(store_b), f"the two runs computed different keys:\nA {keys}\nB {_records(store_b)}"
+    keys = run_records(store_a)[0]  # its first record is the cold run's (the lifecycle test adds a cached one)
+    store_b = make_run_store(keys, "same-bytes") or _own_run(tmp_path / "b")
+    assert any(keys.items() <= run.items() for run in run_records(store_b)), \
+        f"the two runs computed different keys:\nA {keys}\nB {run_records(store_b)}"
     arts_a, arts_b = _artifacts(store_a, keys), _artifacts(store_b, keys)
     problems = [p for stage in arts_a for p in _compare(stage, arts_a[stage], arts_b[stage])]
     assert not problems, "the same keys published different bytes:\n" + "\n".join(problems)

@@ -85,6 +85,39 @@ def test_without_the_kenlm_package_arpa_models_score_in_python(tmp_path: Path, m
     coherence.load_kenlm.cache_clear()
 
 
+@needs_kenlm
+def test_a_pinned_python_scorer_gives_one_key_and_one_score_on_every_install(tmp_path: Path, monkeypatch) -> None:
+    """``arpa_scorer: python`` reads the ARPA model in Python where kenlm is installed too: the tiny
+    configs' keys (which ``make run`` publishes without kenlm and ``make test`` plans with it) and the
+    scores are those of an install without kenlm; ``kenlm`` pinned where it is missing is refused."""
+    import sys
+
+    from llmpipe.config import load_config
+    from llmpipe.curation import coherence
+    from llmpipe.curation.arpa import ArpaModel
+    from llmpipe.dag import plan
+    from tests.conftest import ROOT
+
+    refs = {"en": [str(write_reference(tmp_path / "ref" / "en.txt", "en"))]}
+    cfg = CoherenceConfig(enabled=True, reference=refs, arpa_scorer="python")
+    configs = [ROOT / "configs" / name for name in ("tiny.yaml", "tiny-chat.yaml")]
+    with_kenlm = [{n: p.key for n, p in plan(load_config(c)).items()} for c in configs]
+    stats, out = run_stage("coherence", cfg, _corpus(), tmp_path / "with")
+    assert isinstance(coherence.load_kenlm(str(out / "models" / "en.arpa"), "python"), ArpaModel)
+    monkeypatch.setitem(sys.modules, "kenlm", None)  # what an install without [coherence] sees
+    coherence.load_kenlm.cache_clear()
+    assert [{n: p.key for n, p in plan(load_config(c)).items()} for c in configs] == with_kenlm
+    auto = CoherenceConfig(enabled=True, reference=refs)
+    assert auto.key_dict() == cfg.key_dict()
+    stats2, out2 = run_stage("coherence", auto, _corpus(), tmp_path / "without")
+    scores = [[d.metadata["scores"] for d in read_shard(p)] for p in shard_paths(out)]
+    assert scores == [[d.metadata["scores"] for d in read_shard(p)] for p in shard_paths(out2)]
+    assert stats2["rejected"] == stats["rejected"]
+    with pytest.raises(ValueError, match=r"arpa_scorer 'kenlm' needs the kenlm package"):
+        CoherenceConfig(enabled=True, reference=refs, arpa_scorer="kenlm")
+    coherence.load_kenlm.cache_clear()
+
+
 def test_own_model_scorer_puts_corrupted_copies_in_the_tail(tmp_path: Path) -> None:
     """Our own model, named as a pretrain artifact of the store (the loop data -> model -> data) or by path."""
     ckpt = train_tiny_lm(tmp_path / "lm")
