@@ -23,15 +23,27 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _files(store_root: Path) -> dict[str, str]:
+def _files(store_root: Path, keys: dict[str, str] | None = None) -> dict[str, str]:
     """``stage/<file>`` -> sha256 for every file of every published artifact (not the manifest:
-    it holds timings), keyed without the artifact key so two stores compare file by file."""
+    it holds timings), keyed without the artifact key so two stores compare file by file;
+    ``keys``: only the artifacts of these stage keys (a store holding other runs too)."""
     out: dict[str, str] = {}
     for manifest in sorted(store_root.glob("*/*/manifest.json")):
         art = manifest.parent
+        if keys is not None and keys.get(art.parent.name) != art.name:
+            continue
         for f in sorted(p for p in art.rglob("*") if p.is_file() and p != manifest):
             out[f"{art.parent.name}/{f.relative_to(art).as_posix()}"] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
+
+
+def _planned(*overrides: str) -> dict[str, str]:
+    """stage -> key of ingest .. dedup as ``configs/tiny.yaml`` plans them (no run)."""
+    from llmpipe.config import load_config
+    from llmpipe.dag import plan, select
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides=list(overrides))
+    return {ps.name: ps.key for ps in select(plan(cfg), "data_refresh", None, "dedup")}
 
 
 def _run(store: Path, state: Path, *overrides: str) -> dict[str, str]:
@@ -58,10 +70,18 @@ def _survivors(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dict[str, str]]:
-    """The reference: stage keys and artifact files of the local process pool, local store."""
+    """The reference: stage keys and artifact files of the local process pool, local store: those
+    ``make run`` published in the repository's store where CI has them (the same keys), else a run."""
+    from tests.conftest import make_run_store
+
+    keys = _planned("executor.kind=local", "executor.workers=2")
+    made = make_run_store(keys, "dask-scheduler")
+    if made is not None:
+        return keys, _files(made, keys)
     tmp = tmp_path_factory.mktemp("local")
-    keys = _run(tmp / "store", tmp / "state", "executor.kind=local", "executor.workers=2")
-    return keys, _files(tmp / "store")
+    ran = _run(tmp / "store", tmp / "state", "executor.kind=local", "executor.workers=2")
+    assert ran == keys, (ran, keys)
+    return ran, _files(tmp / "store")
 
 
 def test_curation_on_separate_scheduler_matches_local(tmp_path: Path, local_run) -> None:
