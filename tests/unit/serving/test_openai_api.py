@@ -27,7 +27,7 @@ from llmpipe.serving.client import TextClient
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.loadtest import batch_histogram
 from llmpipe.serving.monitoring import metric_sum, read_metrics
-from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, serve_api
+from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, listen_socket, serve_api
 from llmpipe.serving.repository import write_model_repository
 from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC, UNSTARTED_METRIC
 from tests.fixtures.tiny_checkpoint import greedy_reference
@@ -366,3 +366,28 @@ def test_a_taken_api_port_is_named(checkpoint: Path) -> None:
         with pytest.raises(ApiPortBusy, match=f"its port 127.0.0.1:{port} is in use by another process"):
             with serve_api(cfg, port=port):
                 pass
+
+
+def test_the_apis_connections_send_small_writes_at_once() -> None:
+    """Nagle's algorithm off on every connection the API accepts: with it on, each streamed event after
+    the first waited for the client's delayed ACK (40 ms in TTFT, tokens bunched behind it)."""
+    import asyncio
+
+    async def accepted_nodelay() -> int:
+        sock = listen_socket("127.0.0.1")
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_client, sock=sock)  # how uvicorn serves the socket
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            flag = await asyncio.wait_for(seen, 10)
+            writer.close()
+            return flag
+
+    assert asyncio.run(accepted_nodelay()) != 0
