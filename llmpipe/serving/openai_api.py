@@ -437,12 +437,7 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        if request.url.path.startswith("/v1/"):
-            st.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(_RequestCounter, counter=st.metrics.requests)
 
     def _auth(request: Request) -> None:
         if cfg.api_key is None:
@@ -484,6 +479,31 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
         return await _serve(st, req, [_chat_ids(st, req.messages)], "chat.completion", StreamingResponse)
 
     return app
+
+
+class _RequestCounter:
+    """Counts /v1 requests by path and status: plain ASGI, which sees a response's status as it starts.
+
+    Not ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` relays a streamed body chunk by
+    chunk through a stream and a task of its own, a task switch more per event of every stream on the
+    event loop that serves them all.
+    """
+
+    def __init__(self, app: Any, counter: Any) -> None:
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.counter.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 async def _json(request: Any) -> Any:
@@ -739,25 +759,43 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
         body = {"id": rid, "object": obj, "created": created, "model": st.cfg.name, "choices": [choice]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
+    tasks: list[asyncio.Future[None]] = []
 
-    async def pump(c: _Choice) -> None:
-        try:
-            async for piece in c.pieces():
-                await queue.put((c.index, piece, None))
-            await queue.put((c.index, None, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the writer, which reports it
-            await queue.put((c.index, None, e))
+    async def merged() -> AsyncIterator[tuple[int, str | None, BaseException | None]]:
+        """(choice, piece or None at its end, error) as the choices' pieces come. One choice (the common
+        request) is read here, on the writer's task: a queue and a task between them cost a task
+        switch per token."""
+        if len(streams) == 1:
+            try:
+                async for piece in streams[0].pieces():
+                    yield 0, piece, None
+                yield 0, None, None
+            except Exception as e:  # noqa: BLE001 - reported to the client by the writer
+                yield 0, None, e
+            return
+        queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
 
-    tasks = [asyncio.ensure_future(pump(c)) for c in streams]
+        async def pump(c: _Choice) -> None:
+            try:
+                async for piece in c.pieces():
+                    await queue.put((c.index, piece, None))
+                await queue.put((c.index, None, None))
+            except BaseException as e:  # noqa: BLE001 - handed to the writer, which reports it
+                await queue.put((c.index, None, e))
+
+        tasks.extend(asyncio.ensure_future(pump(c)) for c in streams)
+        while True:
+            yield await queue.get()
+
     open_ = len(streams)
     first_sent = False
+    pieces = merged()
     try:
         if chat:
             for c in streams:
                 yield chunk(c.index, "", None, first=True)
         while open_:
-            index, piece, error = await queue.get()
+            index, piece, error = await pieces.__anext__()
             if error is not None:
                 err = error if isinstance(error, ApiError) else ApiError(500, f"generation failed: {error}",
                                                                             "server_error")
@@ -781,6 +819,9 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
             yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        if len(streams) == 1:
+            await streams[0].close()  # its pieces ended, or were never asked for: the engine's stream closes
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
