@@ -25,8 +25,10 @@ So text travels inside as UTF-8 ``UINT8`` tensors read through DLPack (see ``tri
 those private tensors stay behind this API: clients speak OpenAI's protocol only.
 
 The front end tokenizes (it counts ``usage.prompt_tokens``, checks the context length and applies
-the chat template with the deployment's own tokenizer) and sends token ids over gRPC: whole answers
-to the batch model (dynamic batching), streams to the streaming model (in-flight batching). A
+the chat template with the deployment's own tokenizer) and sends token ids over gRPC to the streaming
+model (in-flight batching: a request joins the running batch at the next decode step and leaves it at
+its own last token), whole answers too, gathered here; whole answers go to the batch model (dynamic
+batching) only where its response cache is on or there is no streaming model. A
 sampled request without a ``seed`` gets a random one, so Triton's response cache, whose key is the
 request's inputs, never replays a sampled answer; the same seed gives the same answer.
 """
@@ -95,6 +97,7 @@ class ApiConfig:
     timeout_s: float = 300.0
     health_cache_s: float = 2.0  # /health trusts a generation outcome this recent; older: it probes
     probe_timeout_s: float = 30.0  # how long /health's 1-token probe may take
+    response_cache: bool = False  # the batch model caches answers: whole answers go to it (else to the stream model)
 
     @property
     def name(self) -> str:
@@ -114,6 +117,7 @@ def api_config(repo: str | Path, triton_grpc: str, **kw: Any) -> ApiConfig:
     settings = vdir / SETTINGS_FILE
     limits = json.loads(settings.read_text()) if settings.is_file() else {}
     keys = ("max_prompt_tokens", "max_tokens_limit", "default_max_tokens")
+    kw.setdefault("response_cache", bool(summary["response_cache"]))
     return ApiConfig(triton_grpc=triton_grpc, model=summary["model"], stream_model=summary["stream_model"],
                      checkpoint=vdir / CHECKPOINT_DIR, **{k: int(limits[k]) for k in keys if k in limits}, **kw)
 
@@ -306,6 +310,20 @@ class TritonEngine:
             raise ApiError(400, "the engine answered without outputs (a cached refusal); fix the request")
         self._record(True)
         return [int(x) for x in ids.reshape(-1)], text.tobytes().decode("utf-8", errors="replace")
+
+    async def answer(self, job: Job) -> tuple[list[int], str]:
+        """A whole answer (a request without ``stream``): from the streaming model's running batch, where
+        a request leaves at its own last token (in-flight batching), gathered here; from the batch model
+        where there is no streaming model or the batch model's response cache is on (Triton caches only
+        one-response models). In a dynamic batch a 1-token request waits for the batch's longest answer."""
+        if self.cfg.stream_model is None or self.cfg.response_cache:
+            return await self.complete(job)
+        ids: list[int] = []
+        texts: list[str] = []
+        async for new, text in self.stream(job):
+            ids += new
+            texts.append(text)
+        return ids, "".join(texts)
 
     async def stream(self, job: Job, timeout_s: float | None = None) -> AsyncIterator[tuple[list[int], str]]:
         """(new ids, their text) as the streaming model sends them; ends after ``max_tokens`` tokens or an
@@ -675,7 +693,7 @@ async def _serve(st: State, req: _Request, prompts: list[list[int]], kind: str, 
 
 async def _whole(st: State, job: Job, stops: list[str]) -> tuple[Answer, list[int]]:
     assert st.engine is not None
-    ids, text = await st.engine.complete(job)
+    ids, text = await st.engine.answer(job)
     scan = StopScan(stops)
     cut = scan.feed(text) + scan.flush()
     return Answer(cut, len(ids), _finish(ids, job, st.eos, scan.stopped)), ids

@@ -391,3 +391,36 @@ def test_the_apis_connections_send_small_writes_at_once() -> None:
             return flag
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+@pytest.fixture(scope="module")
+def uncached_client(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    """The default deployment (no response cache), the batch model's window 200 ms: a request sent within
+    it after another would share its dynamic batch."""
+    cfg = DeployConfig(model_name=MODEL, max_batch_size=4, preferred_batch_sizes=[4], max_queue_delay_us=200_000,
+                       max_prompt_tokens=512, max_tokens_limit=256)
+    repo = tmp_path_factory.mktemp("uncached")
+    write_model_repository(checkpoint, repo, cfg, 1)
+    with srv.serve(repo) as s, serve_api(api_config(s.repo, s.grpc_url)) as a:
+        yield openai.OpenAI(base_url=a.url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_a_short_whole_answer_leaves_the_batch_before_a_long_one(uncached_client: openai.OpenAI) -> None:
+    """A 1-token request sent just after a 256-token one (both without ``stream``) returns first: whole
+    answers join the streaming model's running batch and leave it at their own last token (in a dynamic
+    batch of the batch model it waited for all 256)."""
+    done: dict[str, tuple[float, float, int]] = {}  # name: (sent, answered, tokens)
+
+    def one(name: str, max_tokens: int) -> None:
+        t0 = time.monotonic()
+        r = uncached_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0)
+        done[name] = (t0, time.monotonic(), r.usage.completion_tokens)
+
+    long = threading.Thread(target=one, args=("long", 256))
+    long.start()
+    time.sleep(0.05)
+    one("short", 1)
+    long.join()
+    (s0, s1, short_tokens), (l0, l1, long_tokens) = done["short"], done["long"]
+    assert short_tokens == 1 and long_tokens > 64  # the long answer is long (no early end-of-text)
+    assert s1 < l1 and s1 - s0 < (l1 - l0) / 2, done  # answered while the long one still generates
