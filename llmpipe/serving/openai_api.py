@@ -25,8 +25,10 @@ So text travels inside as UTF-8 ``UINT8`` tensors read through DLPack (see ``tri
 those private tensors stay behind this API: clients speak OpenAI's protocol only.
 
 The front end tokenizes (it counts ``usage.prompt_tokens``, checks the context length and applies
-the chat template with the deployment's own tokenizer) and sends token ids over gRPC: whole answers
-to the batch model (dynamic batching), streams to the streaming model (in-flight batching). A
+the chat template with the deployment's own tokenizer) and sends token ids over gRPC to the streaming
+model (in-flight batching: a request joins the running batch at the next decode step and leaves it at
+its own last token), whole answers too, gathered here; whole answers go to the batch model (dynamic
+batching) only where its response cache is on or there is no streaming model. A
 sampled request without a ``seed`` gets a random one, so Triton's response cache, whose key is the
 request's inputs, never replays a sampled answer; the same seed gives the same answer.
 """
@@ -95,6 +97,7 @@ class ApiConfig:
     timeout_s: float = 300.0
     health_cache_s: float = 2.0  # /health trusts a generation outcome this recent; older: it probes
     probe_timeout_s: float = 30.0  # how long /health's 1-token probe may take
+    response_cache: bool = False  # the batch model caches answers: whole answers go to it (else to the stream model)
 
     @property
     def name(self) -> str:
@@ -114,6 +117,7 @@ def api_config(repo: str | Path, triton_grpc: str, **kw: Any) -> ApiConfig:
     settings = vdir / SETTINGS_FILE
     limits = json.loads(settings.read_text()) if settings.is_file() else {}
     keys = ("max_prompt_tokens", "max_tokens_limit", "default_max_tokens")
+    kw.setdefault("response_cache", bool(summary["response_cache"]))
     return ApiConfig(triton_grpc=triton_grpc, model=summary["model"], stream_model=summary["stream_model"],
                      checkpoint=vdir / CHECKPOINT_DIR, **{k: int(limits[k]) for k in keys if k in limits}, **kw)
 
@@ -307,6 +311,20 @@ class TritonEngine:
         self._record(True)
         return [int(x) for x in ids.reshape(-1)], text.tobytes().decode("utf-8", errors="replace")
 
+    async def answer(self, job: Job) -> tuple[list[int], str]:
+        """A whole answer (a request without ``stream``): from the streaming model's running batch, where
+        a request leaves at its own last token (in-flight batching), gathered here; from the batch model
+        where there is no streaming model or the batch model's response cache is on (Triton caches only
+        one-response models). In a dynamic batch a 1-token request waits for the batch's longest answer."""
+        if self.cfg.stream_model is None or self.cfg.response_cache:
+            return await self.complete(job)
+        ids: list[int] = []
+        texts: list[str] = []
+        async for new, text in self.stream(job):
+            ids += new
+            texts.append(text)
+        return ids, "".join(texts)
+
     async def stream(self, job: Job, timeout_s: float | None = None) -> AsyncIterator[tuple[list[int], str]]:
         """(new ids, their text) as the streaming model sends them; ends after ``max_tokens`` tokens or an
         end-of-text id (``eos``), or with the model's error. Closing the iterator cancels the request."""
@@ -437,12 +455,7 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        if request.url.path.startswith("/v1/"):
-            st.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(_RequestCounter, counter=st.metrics.requests)
 
     def _auth(request: Request) -> None:
         if cfg.api_key is None:
@@ -484,6 +497,31 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
         return await _serve(st, req, [_chat_ids(st, req.messages)], "chat.completion", StreamingResponse)
 
     return app
+
+
+class _RequestCounter:
+    """Counts /v1 requests by path and status: plain ASGI, which sees a response's status as it starts.
+
+    Not ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` relays a streamed body chunk by
+    chunk through a stream and a task of its own, a task switch more per event of every stream on the
+    event loop that serves them all.
+    """
+
+    def __init__(self, app: Any, counter: Any) -> None:
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.counter.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 async def _json(request: Any) -> Any:
@@ -655,7 +693,7 @@ async def _serve(st: State, req: _Request, prompts: list[list[int]], kind: str, 
 
 async def _whole(st: State, job: Job, stops: list[str]) -> tuple[Answer, list[int]]:
     assert st.engine is not None
-    ids, text = await st.engine.complete(job)
+    ids, text = await st.engine.answer(job)
     scan = StopScan(stops)
     cut = scan.feed(text) + scan.flush()
     return Answer(cut, len(ids), _finish(ids, job, st.eos, scan.stopped)), ids
@@ -739,25 +777,43 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
         body = {"id": rid, "object": obj, "created": created, "model": st.cfg.name, "choices": [choice]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
+    tasks: list[asyncio.Future[None]] = []
 
-    async def pump(c: _Choice) -> None:
-        try:
-            async for piece in c.pieces():
-                await queue.put((c.index, piece, None))
-            await queue.put((c.index, None, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the writer, which reports it
-            await queue.put((c.index, None, e))
+    async def merged() -> AsyncIterator[tuple[int, str | None, BaseException | None]]:
+        """(choice, piece or None at its end, error) as the choices' pieces come. One choice (the common
+        request) is read here, on the writer's task: a queue and a task between them cost a task
+        switch per token."""
+        if len(streams) == 1:
+            try:
+                async for piece in streams[0].pieces():
+                    yield 0, piece, None
+                yield 0, None, None
+            except Exception as e:  # noqa: BLE001 - reported to the client by the writer
+                yield 0, None, e
+            return
+        queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
 
-    tasks = [asyncio.ensure_future(pump(c)) for c in streams]
+        async def pump(c: _Choice) -> None:
+            try:
+                async for piece in c.pieces():
+                    await queue.put((c.index, piece, None))
+                await queue.put((c.index, None, None))
+            except BaseException as e:  # noqa: BLE001 - handed to the writer, which reports it
+                await queue.put((c.index, None, e))
+
+        tasks.extend(asyncio.ensure_future(pump(c)) for c in streams)
+        while True:
+            yield await queue.get()
+
     open_ = len(streams)
     first_sent = False
+    pieces = merged()
     try:
         if chat:
             for c in streams:
                 yield chunk(c.index, "", None, first=True)
         while open_:
-            index, piece, error = await queue.get()
+            index, piece, error = await pieces.__anext__()
             if error is not None:
                 err = error if isinstance(error, ApiError) else ApiError(500, f"generation failed: {error}",
                                                                             "server_error")
@@ -781,6 +837,9 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
             yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        if len(streams) == 1:
+            await streams[0].close()  # its pieces ended, or were never asked for: the engine's stream closes
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -806,17 +865,28 @@ class ApiPortBusy(OSError):
     """The API's port is taken by another process (the message names it)."""
 
 
+def listen_socket(host: str) -> Any:
+    """An unbound TCP socket for the API on ``host``, its protocol named (``IPPROTO_TCP``, not 0).
+
+    asyncio turns Nagle's algorithm off (``TCP_NODELAY``) only on connections whose socket says it is
+    TCP; accepted from a socket made with protocol 0 they kept Nagle on, so each streamed event after
+    the first waited for the client's delayed ACK: the first token reached a client 40 ms after it left
+    the engine and the next ones arrived bunched behind it (seen on every streamed request).
+    """
+    import socket
+
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+
 @contextmanager
 def serve_api(cfg: ApiConfig, host: str = "127.0.0.1", port: int = 0,
               startup_timeout_s: float = 60.0) -> Iterator[ApiServer]:
     """Serve the front end on ``host:port`` (127.0.0.1 unless told; port 0 picks a free one) from a thread
     of this process until the block exits: no process of its own to leave behind."""
-    import socket
-
     import uvicorn
 
     app = create_app(cfg)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock = listen_socket(host)
     try:
         sock.bind((host, port))
     except OSError as e:

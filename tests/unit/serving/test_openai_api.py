@@ -27,7 +27,7 @@ from llmpipe.serving.client import TextClient
 from llmpipe.serving.config import DeployConfig
 from llmpipe.serving.loadtest import batch_histogram
 from llmpipe.serving.monitoring import metric_sum, read_metrics
-from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, serve_api
+from llmpipe.serving.openai_api import ApiConfig, ApiPortBusy, StopScan, api_config, listen_socket, serve_api
 from llmpipe.serving.repository import write_model_repository
 from llmpipe.serving.triton_model import ERRORS_METRIC, PASSES_METRIC, UNSTARTED_METRIC
 from tests.fixtures.tiny_checkpoint import greedy_reference
@@ -366,3 +366,61 @@ def test_a_taken_api_port_is_named(checkpoint: Path) -> None:
         with pytest.raises(ApiPortBusy, match=f"its port 127.0.0.1:{port} is in use by another process"):
             with serve_api(cfg, port=port):
                 pass
+
+
+def test_the_apis_connections_send_small_writes_at_once() -> None:
+    """Nagle's algorithm off on every connection the API accepts: with it on, each streamed event after
+    the first waited for the client's delayed ACK (40 ms in TTFT, tokens bunched behind it)."""
+    import asyncio
+
+    async def accepted_nodelay() -> int:
+        sock = listen_socket("127.0.0.1")
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_client, sock=sock)  # how uvicorn serves the socket
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            flag = await asyncio.wait_for(seen, 10)
+            writer.close()
+            return flag
+
+    assert asyncio.run(accepted_nodelay()) != 0
+
+
+@pytest.fixture(scope="module")
+def uncached_client(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    """The default deployment (no response cache), the batch model's window 200 ms: a request sent within
+    it after another would share its dynamic batch."""
+    cfg = DeployConfig(model_name=MODEL, max_batch_size=4, preferred_batch_sizes=[4], max_queue_delay_us=200_000,
+                       max_prompt_tokens=512, max_tokens_limit=256)
+    repo = tmp_path_factory.mktemp("uncached")
+    write_model_repository(checkpoint, repo, cfg, 1)
+    with srv.serve(repo) as s, serve_api(api_config(s.repo, s.grpc_url)) as a:
+        yield openai.OpenAI(base_url=a.url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_a_short_whole_answer_leaves_the_batch_before_a_long_one(uncached_client: openai.OpenAI) -> None:
+    """A 1-token request sent just after a 256-token one (both without ``stream``) returns first: whole
+    answers join the streaming model's running batch and leave it at their own last token (in a dynamic
+    batch of the batch model it waited for all 256)."""
+    done: dict[str, tuple[float, float, int]] = {}  # name: (sent, answered, tokens)
+
+    def one(name: str, max_tokens: int) -> None:
+        t0 = time.monotonic()
+        r = uncached_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0)
+        done[name] = (t0, time.monotonic(), r.usage.completion_tokens)
+
+    long = threading.Thread(target=one, args=("long", 256))
+    long.start()
+    time.sleep(0.05)
+    one("short", 1)
+    long.join()
+    (s0, s1, short_tokens), (l0, l1, long_tokens) = done["short"], done["long"]
+    assert short_tokens == 1 and long_tokens > 64  # the long answer is long (no early end-of-text)
+    assert s1 < l1 and s1 - s0 < (l1 - l0) / 2, done  # answered while the long one still generates
