@@ -20,13 +20,14 @@ reads. The same stage code runs either way, so the artifacts are byte-identical.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +85,20 @@ def fetch_shard(store: ArtifactStore, stage: str, shard_key: str) -> bool:
     return True
 
 
+def put_files(store: ArtifactStore, base: Path, files: list[Path], remote: str) -> None:
+    """Upload ``files`` (under ``base``) to ``remote``, each at its path relative to ``base``, in order."""
+    for f in files:
+        store.fs.put_file(str(f), f"{remote}/{f.relative_to(base).as_posix()}")
+
+
 def push_shard(store: ArtifactStore, stage: str, shard_key: str) -> None:
     """Upload a finished per-shard result: data first, ``_DONE.json`` last (no marker, no result)."""
     local = store.shard_cache_root(stage) / shard_key
     remote = remote_shard_dir(store, stage, shard_key)
     if store.fs.exists(f"{remote}/{DONE}"):
         return
-    files = sorted(f for f in local.rglob("*") if f.is_file() and f.name != DONE)
-    for f in files:
-        store.fs.put_file(str(f), f"{remote}/{f.relative_to(local).as_posix()}")
-    store.fs.put_file(str(local / DONE), f"{remote}/{DONE}")
+    put_files(store, local, [*sorted(f for f in local.rglob("*") if f.is_file() and f.name != DONE), local / DONE],
+              remote)
 
 
 class _Mapper:
@@ -179,15 +184,24 @@ def share_inputs(store: ArtifactStore, view: StoreView, items: list[Any]) -> Sto
     remote = f"{store.root.as_posix()}/{view.stage}/.tmp-in-{uuid.uuid4().hex}"
     for rel in sorted(found):
         src = out / rel
-        files = [src] if src.is_file() else sorted(f for f in src.rglob("*") if f.is_file())
-        for f in files:
-            store.fs.put_file(str(f), f"{remote}/{f.relative_to(out).as_posix()}")
+        put_files(store, out, [src] if src.is_file() else sorted(f for f in src.rglob("*") if f.is_file()), remote)
     return dataclasses.replace(view, shared=remote, shared_paths=tuple(sorted(found)))
 
 
 def unshare_inputs(store: ArtifactStore, view: StoreView) -> None:
     if view.shared is not None:
         store.fs.rm(view.shared, recursive=True)
+
+
+@contextlib.contextmanager
+def shared_view(store: ArtifactStore, stage: str, out: Path, items: list[Any]) -> Iterator[StoreView]:
+    """The view a stage's jobs take to the workers, with what they read from ``out`` shared for as
+    long as the block runs (:func:`share_inputs`, then :func:`unshare_inputs`, also on failure)."""
+    view = share_inputs(store, StoreView.of(store, stage, out), items)
+    try:
+        yield view
+    finally:
+        unshare_inputs(store, view)
 
 
 def _fetch_shared(store: ArtifactStore, view: StoreView, rel: str) -> Path:
@@ -222,8 +236,7 @@ def run_remote_job(job: tuple[Callable[[Any], Any], Any, StoreView]) -> tuple[An
         if not files:
             return result, None
         remote = f"{store.root.as_posix()}/{view.stage}/.tmp-job-{uuid.uuid4().hex}"
-        for f in files:
-            store.fs.put_file(str(f), f"{remote}/{f.relative_to(staging).as_posix()}")
+        put_files(store, staging, files, remote)
         return result, remote
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -18,14 +18,12 @@ from typing import Any
 
 from llmpipe.executor import LocalExecutor, ShardExecutor
 from llmpipe.remote_shards import (
-    StoreView,
     done_marker,
     fetch_shard,
     pull_staged,
     run_remote_job,
     run_remote_shard_job,
-    share_inputs,
-    unshare_inputs,
+    shared_view,
 )
 from llmpipe.shard_cache import DONE, run_shard_job
 
@@ -170,11 +168,8 @@ class StageContext:
         if not self.through_store:
             return self.executor.map(fn, items, on_done, threads=threads)
         items = list(items)
-        view = share_inputs(self.store, StoreView.of(self.store, self.name, self.out), items)
-        try:
+        with shared_view(self.store, self.name, self.out, items) as view:
             pairs = self.executor.map(run_remote_job, [(fn, x, view) for x in items], on_done, threads=threads)
-        finally:
-            unshare_inputs(self.store, view)
         for _result, staged in pairs:
             if staged is not None:
                 pull_staged(self.store, staged, self.out)
@@ -248,13 +243,9 @@ class StageContext:
         if todo:
             on_done = lambda n: self.progress(desc, n, len(todo))  # noqa: E731
             if remote:  # the workers write the shards into the store; this process fetches them below
-                view = share_inputs(self.store, StoreView.of(self.store, self.name, self.out),
-                                    [a for _k, a in todo])
-                try:
+                with shared_view(self.store, self.name, self.out, [a for _k, a in todo]) as view:
                     self.executor.map(run_remote_shard_job, [(fn, a, view, k) for k, a in todo], on_done,
                                       threads=threads)
-                finally:
-                    unshare_inputs(self.store, view)
             else:
                 jobs = [(fn, a, str(self.shard_dir(k))) for k, a in todo]
                 self.executor.map(run_shard_job, jobs, on_done, threads=threads)
