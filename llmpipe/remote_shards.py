@@ -11,7 +11,11 @@ instead, and on the worker :func:`localize` maps each driver path to the worker'
   (:meth:`~llmpipe.store.ArtifactStore.get`), once per worker folder;
 * a per-shard result is downloaded from ``<url>/<stage>/_shards/<key>/`` (``_DONE.json`` marks it whole);
 * ``ctx.out`` becomes an empty staging folder of the job: what the job writes there is uploaded to
-  ``<url>/<stage>/.tmp-job-*/`` and the driver pulls it into ``ctx.out`` (:func:`pull_staged`).
+  ``<url>/<stage>/.tmp-job-*/`` and the driver pulls it into ``ctx.out`` (:func:`pull_staged`);
+* a file on the driver's disk outside the store that a job names by a ``Path`` (ingest's source
+  files) is uploaded to ``<url>/<stage>/.tmp-files-*/<its absolute path>`` while the stage's jobs run
+  and downloaded once per worker folder; a ``Path`` the driver does not have as a file (a folder, a
+  path on a mount every host shares) goes to the job unchanged.
 
 A cached shard's result is written on the worker as on the driver (temporary sibling, then rename),
 uploaded file by file with ``_DONE.json`` last, and the driver downloads the shard folders the stage
@@ -48,6 +52,7 @@ class StoreView:
     out: str  # the driver's ``ctx.out``
     shared: str | None = None  # remote folder of what the driver wrote into ``out`` before the jobs
     shared_paths: tuple[str, ...] = ()  # those paths, relative to ``out``
+    files: str | None = None  # remote folder of the driver's files the jobs name (``<folder><abs path>``)
 
     @classmethod
     def of(cls, store: ArtifactStore, stage: str, out: Path) -> StoreView:
@@ -133,6 +138,28 @@ class _Mapper:
                                     f"{self.view.url}")
         return str(self.store.local / rel)
 
+    def file_to_worker(self, p: str) -> str:
+        """A driver file outside the store (shared for the stage's jobs) -> this worker's copy of it."""
+        path = Path(p)
+        if self.view.files is None or path.is_relative_to(self.driver_local) or path.is_relative_to(self.out):
+            return p
+        remote = f"{self.view.files}{path.as_posix()}"
+        local = self.store.local / self.view.stage / ".shared-files" / self.view.files.rsplit("/", 1)[-1] / \
+            path.relative_to(path.anchor)
+        if local.is_file():
+            return str(local)
+        if not self.store.fs.isfile(remote):
+            return p
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".tmp-{uuid.uuid4().hex}")
+        self.store.fs.get_file(remote, str(tmp))
+        tmp.replace(local)
+        return str(local)
+
+    def driver_files(self, obj: Any) -> Any:
+        """``obj`` with the driver's shared files (named by a ``Path``) mapped to this worker's copies."""
+        return obj if self.view.files is None else walk(obj, [Path("/")], self.file_to_worker, paths_only=True)
+
     def to_driver(self, p: str) -> str:
         path = Path(p)
         if self.staging is not None and path.is_relative_to(self.staging):
@@ -140,27 +167,31 @@ class _Mapper:
         return str(self.driver_local / path.relative_to(self.store.local))
 
 
-def walk(obj: Any, under: list[Path], fn: Callable[[str], str]) -> Any:
-    """``obj`` with every path (str or Path) under ``under`` mapped by ``fn``; a container is rebuilt
-    only when something in it changed (a job's per-document lists come back as they were)."""
-    if isinstance(obj, (str, Path)):
+def walk(obj: Any, under: list[Path], fn: Callable[[str], str], paths_only: bool = False) -> Any:
+    """``obj`` with every path (str or Path; ``paths_only``: Path) under ``under`` mapped by ``fn``; a
+    container is rebuilt only when something in it changed (a job's per-document lists come back as
+    they were)."""
+    if isinstance(obj, Path) or (isinstance(obj, str) and not paths_only):
         s = str(obj)
-        if any(s == str(r) or s.startswith(str(r) + "/") for r in under):
+        if any(s == str(r) or s.startswith(str(r).rstrip("/") + "/") for r in under):
             mapped = fn(s)
+            if mapped == s:
+                return obj
             return Path(mapped) if isinstance(obj, Path) else mapped
         return obj
     if isinstance(obj, dict):
-        items = {k: walk(v, under, fn) for k, v in obj.items()}
+        items = {k: walk(v, under, fn, paths_only) for k, v in obj.items()}
         return obj if all(items[k] is v for k, v in obj.items()) else items
     if isinstance(obj, (list, tuple)):
-        values = [walk(v, under, fn) for v in obj]
+        values = [walk(v, under, fn, paths_only) for v in obj]
         if all(a is b for a, b in zip(values, obj, strict=True)):
             return obj
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             return type(obj)(*values)
         return type(obj)(values)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: walk(getattr(obj, f.name), under, fn) for f in dataclasses.fields(obj) if f.init}
+        changes = {f.name: walk(getattr(obj, f.name), under, fn, paths_only)
+                   for f in dataclasses.fields(obj) if f.init}
         if all(v is getattr(obj, k) for k, v in changes.items()):
             return obj
         return dataclasses.replace(obj, **changes)
@@ -179,6 +210,7 @@ def share_inputs(store: ArtifactStore, view: StoreView, items: list[Any]) -> Sto
         return p
 
     walk(items, [out], note)
+    view = _share_driver_files(store, view, items)
     if not found:
         return view
     remote = f"{store.root.as_posix()}/{view.stage}/.tmp-in-{uuid.uuid4().hex}"
@@ -188,9 +220,30 @@ def share_inputs(store: ArtifactStore, view: StoreView, items: list[Any]) -> Sto
     return dataclasses.replace(view, shared=remote, shared_paths=tuple(sorted(found)))
 
 
+def _share_driver_files(store: ArtifactStore, view: StoreView, items: list[Any]) -> StoreView:
+    """Upload the driver's files outside the store that the items name by a ``Path`` (each once)."""
+    inside = (Path(view.driver_local), Path(view.out))
+    files: set[Path] = set()
+
+    def note(p: str) -> str:
+        path = Path(p)
+        if not any(path.is_relative_to(r) for r in inside) and path.is_file():
+            files.add(path)
+        return p
+
+    walk(items, [Path("/")], note, paths_only=True)
+    if not files:
+        return view
+    remote = f"{store.root.as_posix()}/{view.stage}/.tmp-files-{uuid.uuid4().hex}"
+    for f in sorted(files):
+        store.fs.put_file(str(f), f"{remote}{f.as_posix()}")
+    return dataclasses.replace(view, files=remote)
+
+
 def unshare_inputs(store: ArtifactStore, view: StoreView) -> None:
-    if view.shared is not None:
-        store.fs.rm(view.shared, recursive=True)
+    for remote in (view.shared, view.files):
+        if remote is not None:
+            store.fs.rm(remote, recursive=True)
 
 
 @contextlib.contextmanager
@@ -230,7 +283,7 @@ def run_remote_job(job: tuple[Callable[[Any], Any], Any, StoreView]) -> tuple[An
     staging = Path(tempfile.mkdtemp(prefix="llmpipe-job-"))
     try:
         m = _Mapper(view, store, staging)
-        result = fn(walk(item, [Path(view.driver_local), Path(view.out)], m.to_worker))
+        result = fn(walk(m.driver_files(item), [Path(view.driver_local), Path(view.out)], m.to_worker))
         result = walk(result, [store.local, staging], m.to_driver)
         files = sorted(f for f in staging.rglob("*") if f.is_file())
         if not files:
@@ -263,7 +316,7 @@ def run_remote_shard_job(job: tuple[Callable[[Any, Path], dict[str, Any]], Any, 
     if fetch_shard(store, view.stage, shard_key):  # another worker (or an earlier run) made it
         return
     m = _Mapper(view, store, None)
-    arg = walk(arg, [Path(view.driver_local)], m.to_worker)
+    arg = walk(m.driver_files(arg), [Path(view.driver_local)], m.to_worker)
     run_shard_job((fn, arg, str(store.shard_cache_root(view.stage) / shard_key)))
     push_shard(store, view.stage, shard_key)
 

@@ -324,6 +324,8 @@ class ArtifactStore:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         p = d / f"{stamp}-{uuid.uuid4().hex[:6]}.json"
         _write_json_atomic(p, run)
+        if not self.is_local:  # every driver's gc of a shared remote root must see this run
+            self.fs.put_file(str(p), f"{self.root.as_posix()}/{RUNS}/{p.name}")
         return p
 
     def reachable_shards(self, keep: set[tuple[str, str]]) -> dict[str, set[str] | None]:
@@ -331,22 +333,56 @@ class ArtifactStore:
         with a kept artifact from before manifests listed them (then all of its shards are kept)."""
         out: dict[str, set[str] | None] = {}
         for st, k in sorted(keep):
-            used = (self.read_manifest(st, k) or {}).get(SHARD_CACHE)
+            used = (self.manifest_only(st, k) or {}).get(SHARD_CACHE)
             known = out.get(st, set())
             out[st] = None if used is None or known is None else known | set(used)
         return out
 
-    def reachable(self) -> set[tuple[str, str]]:
-        keep: set[tuple[str, str]] = set()
-        for f in sorted((self.local / RUNS).glob("*.json")) if (self.local / RUNS).is_dir() else []:
+    def manifest_only(self, stage: str, key: str) -> dict[str, Any] | None:
+        """An artifact's manifest without fetching its files: the local copy, else the remote's."""
+        mf = self.path(stage, key) / MANIFEST
+        try:
+            if mf.is_file():
+                return json.loads(mf.read_text())
+            if not self.is_local:
+                return json.loads(self.fs.cat_file(f"{self._remote(stage, key)}/{MANIFEST}"))
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError):
+            log.warning("%s/%s: unreadable manifest", stage, key[:12])
+        return None
+
+    def _run_records(self) -> Iterator[dict[str, Any]]:
+        """Every recorded run: this machine's, and for a remote root every machine's (``<root>/_runs``)."""
+        texts: dict[str, str] = {}
+        local = self.local / RUNS
+        for f in sorted(local.glob("*.json")) if local.is_dir() else []:
+            texts[f.name] = f.read_text()
+        if not self.is_local:
+            remote = f"{self.root.as_posix()}/{RUNS}"
+            names = self.fs.glob(f"{remote}/*.json") if self.fs.exists(remote) else []
+            for name in sorted(names):
+                if Path(name).name not in texts:
+                    texts[Path(name).name] = self.fs.cat_file(name).decode()
+        for name in sorted(texts):
             try:
-                run = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError):
+                yield json.loads(texts[name])
+            except json.JSONDecodeError:
+                log.warning("run record %s is unreadable; gc ignores it", name)
+
+    def reachable(self) -> set[tuple[str, str]]:
+        """(stage, key) of every artifact a recorded run reached, down to the sources."""
+        keep: set[tuple[str, str]] = set()
+        todo = [(st, k) for run in self._run_records() for st, k in run.get("artifacts", {}).items()]
+        while todo:
+            st, k = todo.pop()
+            if (st, k) in keep:
                 continue
-            for st, k in run.get("artifacts", {}).items():
-                for node in self.lineage(st, k):
-                    if not node.get("source") and not node.get("missing"):
-                        keep.add((node["stage"], node["key"]))
+            mf = self.manifest_only(st, k)
+            if mf is None:
+                continue
+            keep.add((st, k))
+            todo += [(s, v) for s, v in mf.get("inputs", {}).items() if not s.startswith("source:")]
         return keep
 
     def gc(self, dry_run: bool = True) -> list[tuple[str, int]]:
@@ -371,7 +407,39 @@ class ArtifactStore:
                 shutil.rmtree(p, ignore_errors=True)
                 stamp = p.parent / ".stamps" / f"{p.name}.json"
                 stamp.unlink(missing_ok=True)
+        return out + ([] if self.is_local else self._gc_remote(keep, shards, dry_run))
+
+    def _gc_remote(self, keep: set[tuple[str, str]], shards: dict[str, set[str] | None],
+                   dry_run: bool) -> list[tuple[str, int]]:
+        """The same collection on a remote root: artifacts, ``_shards/`` entries and ``.tmp-*`` folders
+        (a killed driver's or worker's uploads), named by URL."""
+        root = self.root.as_posix()
+        doomed: list[str] = []
+        for stage_path in self._remote_dirs(root):
+            stage = Path(stage_path).name
+            if stage.startswith("_"):
+                continue
+            for path in self._remote_dirs(stage_path):
+                name = Path(path).name
+                if name.startswith(".tmp-") or (not name.startswith((".", "_")) and (stage, name) not in keep):
+                    doomed.append(path)
+            used = shards.get(stage, set())
+            doomed += [p for p in self._remote_dirs(f"{stage_path}/{SHARDS_DIR}")
+                       if Path(p).name.startswith(".tmp-") or (used is not None and Path(p).name not in used)]
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        out = [(f"{protocol}://{p.lstrip('/')}", int(self.fs.du(p))) for p in sorted(doomed)]
+        if not dry_run:
+            for p in doomed:
+                self.fs.rm(p, recursive=True)
         return out
+
+    def _remote_dirs(self, path: str) -> list[str]:
+        """Sub-folders of a remote folder (none when it does not exist)."""
+        try:
+            entries = self.fs.ls(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(e["name"] for e in entries if e["type"] == "directory")
 
 
 def verify_files(path: Path, manifest: dict[str, Any], stamp_path: Path | None = None) -> list[str]:

@@ -182,6 +182,19 @@ def test_curation_with_s3_store_goes_through_the_url(tmp_path: Path, local_run, 
     # the jobs' staging folders and the files the stages shared with them (coherence's model) are gone
     assert fs.find("llmpipe/store/coherence/_shards") and not [
         p for p in fs.find("llmpipe/store") if "/.tmp-" in p], "temporary folders left in the store"
+    fetched: set[str] = set()
     for i in (0, 1):
         cache = cluster / f"worker-{i}" / ".llmpipe" / "store-cache"
         assert any(cache.glob("*/_shards/*/_DONE.json")), f"worker-{i} wrote no shard in its own cache"
+        fetched |= {f.name for f in cache.glob("ingest/.shared-files/*/**/*") if f.is_file()}
+    # ingest's source files went to the workers through the store too (not by the driver's paths)
+    sources = {f.name for f in (tmp_path / "state").rglob("*.jsonl") if "builtin" in f.parts}
+    assert sources and fetched == sources, (fetched, sources)
+    # gc on the remote root: this run recorded itself there, so nothing it reached is collected; a
+    # killed worker's upload is
+    from llmpipe.store import ArtifactStore
+
+    fs.pipe("llmpipe/store/langid/.tmp-job-killed/x.json", b"{}")
+    store = ArtifactStore(f"{s3_server}/store", cache_dir=tmp_path / "gc-cache")
+    assert [p for p, _ in store.gc(dry_run=False)] == [f"{s3_server}/store/langid/.tmp-job-killed"]
+    assert all(fs.exists(f"llmpipe/store/{st}/{k}/manifest.json") for st, k in keys.items())

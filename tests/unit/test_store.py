@@ -159,3 +159,38 @@ def test_gc_keeps_every_shard_result_of_a_stage_with_an_artifact_from_before_the
     del mf["shard_cache"]
     (art.path / "manifest.json").write_text(json.dumps(mf))
     assert {Path(p).name for p, _ in store.gc()} == {".tmp-used-killed"}
+
+
+def test_gc_of_a_remote_root_collects_what_no_machine_reaches_there(tmp_path: Path) -> None:
+    """A shared remote root: gc sees the runs every machine recorded (``<root>/_runs``), keeps what they
+    reach, and collects unreached artifacts, unused ``_shards/`` results and ``.tmp-*`` uploads of a
+    killed driver or worker on the remote itself, not only in this machine's cache."""
+    import fsspec
+
+    url = f"memory://gc-remote-{tmp_path.name}"
+    fs, base = fsspec.core.url_to_fs(url)
+    one = ArtifactStore(url, cache_dir=tmp_path / "one")
+    used_ingest = _publish(one, "ingest", "1" * 64, {"x": "1"})
+    tmp = one.new_tmp_dir("langid", "2" * 64)
+    (tmp / "y").write_text("2")
+    kept = one.publish("langid", "2" * 64, tmp, version="1", config={}, inputs={"ingest": used_ingest.key},
+                       stats={}, started=0.0, shards=["used"])
+    orphan = _publish(one, "langid", "3" * 64, {"z": "3"})
+    one.record_run({"artifacts": {"langid": kept.key}})
+    for name in ("used", "unused", ".tmp-killed-worker"):
+        fs.pipe(f"{base}/langid/_shards/{name}/part.parquet", b"rows")
+    fs.pipe(f"{base}/langid/.tmp-job-dead/out.json", b"{}")
+    fs.pipe(f"{base}/langid/.tmp-in-dead/models/en.arpa", b"lm")
+
+    other = ArtifactStore(url, cache_dir=tmp_path / "other")  # another machine: an empty cache
+    dry = {p for p, _ in other.gc(dry_run=True)}
+    assert dry == {f"{url}/langid/{orphan.key}", f"{url}/langid/_shards/unused",
+                   f"{url}/langid/_shards/.tmp-killed-worker", f"{url}/langid/.tmp-job-dead",
+                   f"{url}/langid/.tmp-in-dead"}
+    assert fs.exists(f"{base}/langid/{orphan.key}/manifest.json")
+    assert not (tmp_path / "other" / "langid" / kept.key).exists()  # manifests read, no artifact fetched
+    other.gc(dry_run=False)
+    assert not fs.exists(f"{base}/langid/{orphan.key}") and not fs.exists(f"{base}/langid/.tmp-job-dead")
+    assert not fs.exists(f"{base}/langid/_shards/unused") and fs.exists(f"{base}/langid/_shards/used/part.parquet")
+    assert other.get("langid", kept.key) is not None and other.get("ingest", used_ingest.key) is not None
+    assert {p for p, _ in other.gc(dry_run=True)} == set()
