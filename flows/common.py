@@ -21,7 +21,7 @@ from prefect.utilities.annotations import quote
 
 from llmpipe import console
 from llmpipe.config import load_config
-from llmpipe.dag import check_extras, open_store, plan, resolve_upstream, select, summarize_stats
+from llmpipe.dag import check_extras, open_store, plan, resolve_upstream, run_plan, select, summarize_stats
 from llmpipe.store import Artifact
 from tasks.stages import (
     latest_descriptions,
@@ -56,10 +56,11 @@ def run_flow(flow: str, config: str, overrides: list[str] | None, from_stage: st
     cfg_dict = cfg.model_dump(mode="json")
     rows: list[dict[str, Any]] = []
     t_flow = time.time()
-    _run_stages(flow, chosen, planned, arts, store, stage_task, cfg_dict, rows, logger)
-    store.record_run({"flow": flow, "config": config, "artifacts": {r["stage"]: planned[r["stage"]].key
-                                                                     for r in rows},
-                      "seconds": round(time.time() - t_flow, 3), "time": time.time()})
+    with store.running(flow, run_plan(chosen, arts)) as begun:  # a gc meanwhile keeps this run's work
+        _run_stages(flow, chosen, planned, arts, store, stage_task, cfg_dict, rows, logger)
+        store.record_run({"flow": flow, "config": config, "artifacts": {r["stage"]: planned[r["stage"]].key
+                                                                         for r in rows},
+                          "seconds": round(time.time() - t_flow, 3), "time": time.time()}, replace=begun)
     return rows
 
 

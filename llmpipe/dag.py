@@ -255,22 +255,28 @@ def run_pipeline(cfg: PipelineConfig, flow: str | None = None, start: str | None
     planned = plan(cfg)
     chosen = select(planned, flow, start, until)
     arts = resolve_upstream(store, planned, chosen)
-    runs = []
-    run_console = console.active()
-    for i, ps in enumerate(chosen, 1):
-        if run_console is not None:
-            run_console.stage_started(i, len(chosen), ps.name)
-        with console.stage_output(ps.name):
-            art, ran, secs = execute(cfg, store, ps, arts,
-                                     on_progress=run_console.progress if run_console is not None else None)
-        arts[ps.name] = art
-        runs.append(StageRun(ps.name, ps.key, ran, secs, str(art.path), art.stats))
-        if run_console is not None:
-            run_console.stage_finished(i, len(chosen), {"stage": ps.name, "status": "ran" if ran else "cached",
-                                                        "seconds": secs})
-    store.record_run({"flow": flow or "lifecycle", "artifacts": {r.stage: r.key for r in runs},
-                      "pid": os.getpid(), "time": time.time()})
+    with store.running(flow or "lifecycle", run_plan(chosen, arts)) as begun:
+        runs = []
+        run_console = console.active()
+        for i, ps in enumerate(chosen, 1):
+            if run_console is not None:
+                run_console.stage_started(i, len(chosen), ps.name)
+            with console.stage_output(ps.name):
+                art, ran, secs = execute(cfg, store, ps, arts,
+                                         on_progress=run_console.progress if run_console is not None else None)
+            arts[ps.name] = art
+            runs.append(StageRun(ps.name, ps.key, ran, secs, str(art.path), art.stats))
+            if run_console is not None:
+                run_console.stage_finished(i, len(chosen), {"stage": ps.name, "status": "ran" if ran else "cached",
+                                                            "seconds": secs})
+        store.record_run({"flow": flow or "lifecycle", "artifacts": {r.stage: r.key for r in runs},
+                          "pid": os.getpid(), "time": time.time()}, replace=begun)
     return runs
+
+
+def run_plan(chosen: list[PlannedStage], upstream: dict[str, Artifact]) -> dict[str, str]:
+    """stage -> key of every artifact a run will read or write: what its start record protects from gc."""
+    return {**{name: art.key for name, art in upstream.items()}, **{ps.name: ps.key for ps in chosen}}
 
 
 def summarize_stats(stats: dict[str, Any], limit: int = 4) -> str:

@@ -13,12 +13,14 @@ stages (torch, tokenizers, Triton) want real files.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -33,6 +35,8 @@ log = logging.getLogger("llmpipe.store")
 
 MANIFEST = "manifest.json"
 RUNS = "_runs"
+RUNNING = "running"  # a run record's status until the run's final record replaces it
+RUNNING_TRUST_S = 7 * 24 * 3600  # a running record from another host protects its work this long
 SHARDS_DIR = "_shards"  # per-shard results reused across runs (``shard_cache_root``)
 SHARD_CACHE = "shard_cache"  # the manifest's list of the per-shard results an artifact was made from
 _VERSIONED_LIBS = ("llmpipe", "torch", "transformers", "tokenizers", "datasketch", "pyarrow", "numpy",
@@ -317,16 +321,40 @@ class ArtifactStore:
         walk(stage, key, 0)
         return out
 
-    def record_run(self, run: dict[str, Any]) -> Path:
-        """Remember which artifacts a run reached: ``gc`` keeps what any recorded run reaches."""
+    def record_run(self, run: dict[str, Any], replace: Path | None = None) -> Path:
+        """Remember which artifacts a run reached: ``gc`` keeps what any recorded run reaches.
+        ``replace``: the run's :meth:`begin_run` record, which this final record takes the place of."""
         d = self.local / RUNS
         d.mkdir(parents=True, exist_ok=True)
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        p = d / f"{stamp}-{uuid.uuid4().hex[:6]}.json"
+        p = replace or d / f"{stamp}-{uuid.uuid4().hex[:6]}.json"
         _write_json_atomic(p, run)
         if not self.is_local:  # every driver's gc of a shared remote root must see this run
             self.fs.put_file(str(p), f"{self.root.as_posix()}/{RUNS}/{p.name}")
         return p
+
+    def begin_run(self, flow: str, planned: dict[str, str]) -> Path:
+        """Record a run that is starting, with every artifact it plans (stage -> key): until its final
+        record replaces this one, a ``gc`` elsewhere keeps those artifacts, every per-shard result and
+        ``.tmp-*`` folder of those stages (its work in progress). A record whose process is gone (same
+        host, pid not alive: a killed run) no longer protects anything; gc removes it."""
+        return self.record_run({"flow": flow, "status": RUNNING, "artifacts": planned, "host": socket.gethostname(),
+                                "pid": os.getpid(), "pid_started": _process_started(os.getpid()),
+                                "time": time.time()})
+
+    @contextlib.contextmanager
+    def running(self, flow: str, planned: dict[str, str]) -> Iterator[Path]:
+        """:meth:`begin_run` for the block; its record is dropped when the block fails (a failed run
+        reaches nothing, as before it had a record), and replaced by ``record_run(..., replace=)``
+        when it succeeds."""
+        begun = self.begin_run(flow, planned)
+        try:
+            yield begun
+        except BaseException:
+            begun.unlink(missing_ok=True)
+            if not self.is_local:
+                self.fs.rm(f"{self.root.as_posix()}/{RUNS}/{begun.name}")
+            raise
 
     def reachable_shards(self, keep: set[tuple[str, str]]) -> dict[str, set[str] | None]:
         """Per stage, the per-shard results the artifacts in ``keep`` were made from; None for a stage
@@ -353,7 +381,8 @@ class ArtifactStore:
         return None
 
     def _run_records(self) -> Iterator[dict[str, Any]]:
-        """Every recorded run: this machine's, and for a remote root every machine's (``<root>/_runs``)."""
+        """Every recorded run: this machine's, and for a remote root every machine's (``<root>/_runs``);
+        each with ``_name`` (its file's name)."""
         texts: dict[str, str] = {}
         local = self.local / RUNS
         for f in sorted(local.glob("*.json")) if local.is_dir() else []:
@@ -366,14 +395,23 @@ class ArtifactStore:
                     texts[Path(name).name] = self.fs.cat_file(name).decode()
         for name in sorted(texts):
             try:
-                yield json.loads(texts[name])
+                yield {**json.loads(texts[name]), "_name": name}
             except json.JSONDecodeError:
                 log.warning("run record %s is unreadable; gc ignores it", name)
+
+    def live_runs(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """(records of runs still running, names of records whose run was killed while running)."""
+        live, dead = [], []
+        for run in self._run_records():
+            if run.get("status") == RUNNING:
+                (live if _still_running(run) else dead).append(run)
+        return live, [r["_name"] for r in dead]
 
     def reachable(self) -> set[tuple[str, str]]:
         """(stage, key) of every artifact a recorded run reached, down to the sources."""
         keep: set[tuple[str, str]] = set()
-        todo = [(st, k) for run in self._run_records() for st, k in run.get("artifacts", {}).items()]
+        todo = [(st, k) for run in self._run_records() if run.get("status") != RUNNING  # see live_runs
+                for st, k in run.get("artifacts", {}).items()]
         while todo:
             st, k = todo.pop()
             if (st, k) in keep:
@@ -390,27 +428,37 @@ class ArtifactStore:
         artifacts was made from, and temporary leftovers of killed runs in both: (path, bytes)."""
         keep = self.reachable()
         shards = self.reachable_shards(keep)
+        live, dead = self.live_runs()
+        busy = {st for run in live for st in run.get("artifacts", {})}  # stages a running run works in
+        for st, k in ((st, k) for run in live for st, k in run.get("artifacts", {}).items()):
+            keep.add((st, k))
+            shards[st] = None
         doomed: list[Path] = []
         for stage_dir in (p for p in self.local.iterdir() if p.is_dir() and not p.name.startswith("_")):
             for art in stage_dir.iterdir():
                 if art.name.startswith(".tmp-"):
-                    doomed.append(art)
+                    if stage_dir.name not in busy:
+                        doomed.append(art)
                 elif not art.name.startswith((".", "_")) and (stage_dir.name, art.name) not in keep:
                     doomed.append(art)
             used = shards.get(stage_dir.name, set())
-            if (stage_dir / SHARDS_DIR).is_dir():
+            if (stage_dir / SHARDS_DIR).is_dir() and stage_dir.name not in busy:
                 doomed += [d for d in (stage_dir / SHARDS_DIR).iterdir()
                            if d.name.startswith(".tmp-") or (used is not None and d.name not in used)]
-        out = [(str(p), _du(p)) for p in sorted(doomed)]
+        doomed += [self.local / RUNS / name for name in dead if (self.local / RUNS / name).is_file()]
+        out = [(str(p), _du(p) if p.is_dir() else p.stat().st_size) for p in sorted(doomed)]
         if not dry_run:
             for p in doomed:
+                if p.is_file():
+                    p.unlink(missing_ok=True)
+                    continue
                 shutil.rmtree(p, ignore_errors=True)
                 stamp = p.parent / ".stamps" / f"{p.name}.json"
                 stamp.unlink(missing_ok=True)
-        return out + ([] if self.is_local else self._gc_remote(keep, shards, dry_run))
+        return out + ([] if self.is_local else self._gc_remote(keep, shards, busy, dead, dry_run))
 
-    def _gc_remote(self, keep: set[tuple[str, str]], shards: dict[str, set[str] | None],
-                   dry_run: bool) -> list[tuple[str, int]]:
+    def _gc_remote(self, keep: set[tuple[str, str]], shards: dict[str, set[str] | None], busy: set[str],
+                   dead: list[str], dry_run: bool) -> list[tuple[str, int]]:
         """The same collection on a remote root: artifacts, ``_shards/`` entries and ``.tmp-*`` folders
         (a killed driver's or worker's uploads), named by URL."""
         root = self.root.as_posix()
@@ -421,11 +469,13 @@ class ArtifactStore:
                 continue
             for path in self._remote_dirs(stage_path):
                 name = Path(path).name
-                if name.startswith(".tmp-") or (not name.startswith((".", "_")) and (stage, name) not in keep):
+                if (name.startswith(".tmp-") and stage not in busy) or \
+                        (not name.startswith((".", "_")) and (stage, name) not in keep):
                     doomed.append(path)
             used = shards.get(stage, set())
-            doomed += [p for p in self._remote_dirs(f"{stage_path}/{SHARDS_DIR}")
-                       if Path(p).name.startswith(".tmp-") or (used is not None and Path(p).name not in used)]
+            doomed += [p for p in self._remote_dirs(f"{stage_path}/{SHARDS_DIR}") if stage not in busy and
+                       (Path(p).name.startswith(".tmp-") or (used is not None and Path(p).name not in used))]
+        doomed += [f"{root}/{RUNS}/{name}" for name in dead if self.fs.exists(f"{root}/{RUNS}/{name}")]
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         out = [(f"{protocol}://{p.lstrip('/')}", int(self.fs.du(p))) for p in sorted(doomed)]
         if not dry_run:
@@ -440,6 +490,25 @@ class ArtifactStore:
         except FileNotFoundError:
             return []
         return sorted(e["name"] for e in entries if e["type"] == "directory")
+
+
+def _process_started(pid: int) -> float | None:
+    """When a process started (tells a live pid from a reused one); None where psutil cannot say."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _still_running(run: dict[str, Any]) -> bool:
+    """A running record's process is alive. On another host that cannot be checked: a record younger
+    than ``RUNNING_TRUST_S`` counts as alive (a killed driver's record there protects for that long)."""
+    if run.get("host") != socket.gethostname():
+        return time.time() - float(run.get("time", 0)) < RUNNING_TRUST_S
+    started = _process_started(int(run.get("pid", -1)))
+    return started is not None and (run.get("pid_started") is None or abs(started - run["pid_started"]) < 1)
 
 
 def verify_files(path: Path, manifest: dict[str, Any], stamp_path: Path | None = None) -> list[str]:

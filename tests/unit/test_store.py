@@ -194,3 +194,35 @@ def test_gc_of_a_remote_root_collects_what_no_machine_reaches_there(tmp_path: Pa
     assert not fs.exists(f"{base}/langid/_shards/unused") and fs.exists(f"{base}/langid/_shards/used/part.parquet")
     assert other.get("langid", kept.key) is not None and other.get("ingest", used_ingest.key) is not None
     assert {p for p, _ in other.gc(dry_run=True)} == set()
+
+
+def test_gc_keeps_a_running_runs_work_and_forgets_a_killed_one(tmp_path: Path) -> None:
+    """A run records itself when it starts: a gc meanwhile keeps the artifacts it plans (published before
+    its final record), its stages' per-shard results and temporary folders. Once the process is gone
+    (a run killed mid-way), the record protects nothing and gc removes it."""
+    import subprocess
+    import sys
+
+    store = ArtifactStore(tmp_path / "store")
+    early = _publish(store, "ingest", "1" * 64, {"x": "1"})  # published by the run, not yet recorded
+    (store.shard_cache_root("langid") / "in-progress").mkdir()
+    leftover = store.new_tmp_dir("langid", "2" * 64)
+    with store.running("data_refresh", {"ingest": early.key, "langid": "2" * 64}) as begun:
+        assert store.gc(dry_run=False) == [] and early.path.exists() and leftover.exists()
+        # the same record from a process that has ended: a killed run
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                               text=True, check=True)
+        record = json.loads(begun.read_text())
+        begun.write_text(json.dumps({**record, "pid": int(child.stdout), "pid_started": None}))
+        doomed = {Path(p).name for p, _ in store.gc(dry_run=True)}
+        assert doomed == {early.key, "in-progress", leftover.name, begun.name}
+        store.record_run({"flow": "data_refresh", "artifacts": {"ingest": early.key}}, replace=begun)
+    assert {Path(p).name for p, _ in store.gc(dry_run=True)} == {"in-progress", leftover.name}
+    assert json.loads(begun.read_text())["artifacts"] == {"ingest": early.key}
+
+
+def test_a_failed_run_leaves_no_record(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    with pytest.raises(RuntimeError), store.running("lifecycle", {"ingest": "1" * 64}):
+        raise RuntimeError("a stage failed")
+    assert not list((tmp_path / "store" / "_runs").glob("*.json"))
