@@ -15,7 +15,9 @@ report itself not ready. So the front end remembers the last generation's outcom
 request, or its own probe) and, when that is older than ``health_cache_s``, probes a 1-token greedy
 generation on each model (batch and streaming); a failure (HTTP 500 from the engine) turns ``/health``
 503 with the engine's message, the next success turns it 200 again. A probe refused as overloaded
-(429) counts as alive: a busy replica is not a broken one. ``/metrics`` is Prometheus text.
+(429) counts as alive: a busy replica is not a broken one. ``/metrics`` is Prometheus text, with
+streamed answers' time to first token and inter-token latency (the gaps between an answer's chunks),
+which deployments/monitoring/alerts.yml watches.
 
 Why a front end and not Triton's own LLM convention (``text_input`` / ``text_output`` BYTES tensors
 with ``sampling_parameters``): the Python backend stub of the Triton 2.51 build we ship (the

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import signal
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -134,3 +137,23 @@ def test_every_metric_the_alerts_watch_is_served(quantize_dir: Path, tmp_path: P
             _until(finite, 45, f"{name}: {quantile} never gave a number on the real server's series")
             ms = max(float(v["value"][1]) for v in _query(prometheus, quantile))
             assert 0 < ms < 60_000, (name, ms)
+
+        # compose's api-N: `llmpipe serve --triton` is the API alone, in front of a Triton running elsewhere
+        alone = free_ports(1)[0]
+        cmd = [str(llmpipe), "serve", str(deploy), "--triton", f"127.0.0.1:{grpc}", "--api-port", str(alone)]
+        with ManagedProcess(cmd, tmp_path / "api.log", name="llmpipe-api") as front:
+            wait_for_http(f"http://127.0.0.1:{alone}/health", timeout=120, proc=front)
+            _stream(openai.OpenAI(base_url=f"http://127.0.0.1:{alone}/v1", api_key="none", max_retries=0,
+                                  timeout=120), model, 1)
+            own = read_metrics(f"http://127.0.0.1:{alone}/metrics")
+            assert metric_sum(own, "llmpipe_api_inter_token_latency_seconds_count", model=model) >= 2
+            assert metric_sum(own, "llmpipe_api_time_to_first_token_seconds_count") == 1  # its own registry
+            os.kill(front.pid, signal.SIGTERM)  # as compose stops it
+            assert front.wait(timeout=30) == 0
+
+
+def test_serve_triton_is_the_api_alone() -> None:
+    llmpipe = Path(sys.executable).parent / "llmpipe"
+    r = subprocess.run([str(llmpipe), "serve", ".", "--triton", "127.0.0.1:1", "--monitor"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--triton serves the API only" in r.stderr, r.stderr
