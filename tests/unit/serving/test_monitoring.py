@@ -59,6 +59,22 @@ def test_alert_rules_fire_on_synthetic_series() -> None:
     assert tested == {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
 
 
+def test_synthetic_histograms_have_the_apis_bucket_bounds() -> None:
+    # alerts_test.yml's series are shaped as the API exports them: every `le` is one of its bounds
+    from llmpipe.serving.openai_api import ITL_BUCKETS, TTFT_BUCKETS
+
+    bounds = {"llmpipe_api_time_to_first_token_seconds_bucket": TTFT_BUCKETS,
+              "llmpipe_api_inter_token_latency_seconds_bucket": ITL_BUCKETS}
+    seen = set()
+    for case in yaml.safe_load((ROOT / "alerts_test.yml").read_text())["tests"]:
+        for series in case["input_series"]:
+            m = re.match(r'(\w+)\{.*le="([^"]+)"', series["series"])
+            if m and m.group(1) in bounds:
+                seen.add(m.group(1))
+                assert m.group(2) == "+Inf" or float(m.group(2)) in bounds[m.group(1)], series["series"]
+    assert seen == set(bounds)
+
+
 @needs_promtool
 def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     # promtool parses a recording rule's expression like Prometheus does: one rule per panel query
