@@ -269,6 +269,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     api_key = args.api_key or os.environ.get("LLMPIPE_API_KEY") or None
+    if args.triton:  # the front end only, in front of a Triton already running there
+        from llmpipe.serving.server import main_api
+
+        if args.no_api or args.monitor or args.engine == "vllm":
+            print("llmpipe serve: --triton serves the API only (no --no-api, --monitor or --engine vllm)",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        return int(main_api(args.artifact, args.triton, config=args.config, api_port=args.api_port,
+                            api_host=args.api_host, api_key=api_key) or 0)
     engine = args.engine
     if engine is None:  # what the deploy stage recorded (deploy.engine) and checked the artifact with
         from llmpipe.serving.server import deployed_engine, resolve_artifact
@@ -405,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
                     "$LLMPIPE_API_KEY, else none)")
     sv.add_argument("--no-api", action="store_true", help="serve Triton's own endpoints only, without the API")
+    sv.add_argument("--triton", metavar="HOST:PORT", default=None, help="start no Triton: serve only the API, in "
+                    "front of the Triton whose gRPC port this is (compose's api-N beside triton-N)")
     sv.add_argument("--engine", choices=("llmpipe", "triton", "vllm"), default=None, help="default: the engine the "
                     "artifact's deploy.json records (deploy.engine). llmpipe (or triton): Triton with our "
                     "model and the API in front of it; vllm: vLLM's own OpenAI server on the deployed checkpoint "

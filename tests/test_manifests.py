@@ -184,3 +184,29 @@ def test_the_project_image_installs_the_project_and_leaves_local_state_out() -> 
     assert "bash scripts/install.sh" in text and (ROOT / "scripts" / "install.sh").is_file()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".llmpipe", ".git"} <= set(ignored)
+
+
+def _threshold(name: str) -> float:
+    """The number an alert's expression compares with (its last ``> N``)."""
+    return float(re.findall(r"> (\d+(?:\.\d+)?)\s*$", _alert(name).strip())[-1])
+
+
+def test_streaming_objectives_agree_with_the_gpu_preset_and_the_buckets() -> None:
+    from llmpipe.serving.config import DeployConfig
+    from llmpipe.serving.openai_api import ITL_BUCKETS, TTFT_BUCKETS
+    from llmpipe.serving.repository import render_config
+
+    gpu = DeployConfig(target="gpu")
+    ttft_ms = _threshold("StreamTimeToFirstTokenOverSlo")
+    itl_ms = _threshold("StreamInterTokenLatencyOverSlo")
+    assert ttft_ms == gpu.slo_p99_ms, "the TTFT alert is the deploy stage's objective"
+    # the streaming model has no batching window (streams join between decode steps); a stream answered
+    # in one piece (no streaming model) waits the batch model's window: it leaves the objective its room
+    assert re.search(r"max_queue_delay_microseconds: 0\b", render_config(gpu, streaming=True))
+    assert gpu.max_queue_delay_us / 1000 <= ttft_ms / 10
+    # a first token waits at most one decode step and its own prefill, each within the ITL objective
+    assert 2 * itl_ms <= ttft_ms
+    for ms, buckets in ((ttft_ms, TTFT_BUCKETS), (itl_ms, ITL_BUCKETS)):
+        # the objective is a bucket bound with neighbours within 25%: histogram_quantile resolves it
+        i = buckets.index(ms / 1000)
+        assert 0 < i < len(buckets) - 1 and buckets[i - 1] >= 0.75 * ms / 1000 and buckets[i + 1] <= 1.25 * ms / 1000

@@ -92,12 +92,17 @@ def _need(binary: str | None, what: str) -> str:
 
 
 def prometheus_config(targets: list[str], rule_files: list[Path], alertmanager: str | None = None,
-                      scrape_interval: str = "15s", evaluation_interval: str = "15s") -> dict[str, Any]:
-    """A Prometheus config scraping Triton's metrics ``targets`` (host:port) as job ``triton``."""
+                      scrape_interval: str = "15s", evaluation_interval: str = "15s",
+                      api_targets: list[str] | None = None) -> dict[str, Any]:
+    """A Prometheus config scraping Triton's metrics ``targets`` (host:port) as job ``triton`` and the
+    OpenAI API's ``api_targets`` (its /metrics) as job ``api``, the jobs alerts.yml names."""
+    jobs = [{"job_name": "triton", "static_configs": [{"targets": list(targets)}]}]
+    if api_targets:
+        jobs.append({"job_name": "api", "metrics_path": "/metrics", "static_configs": [{"targets": list(api_targets)}]})
     cfg: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "triton", "static_configs": [{"targets": list(targets)}]}],
+        "scrape_configs": jobs,
     }
     if alertmanager is not None:
         cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
@@ -271,13 +276,14 @@ class Monitoring:
 def monitor(workdir: Path, metrics_targets: list[str], rules: list[Path], alertmanager_yml: Path,
             scrape_interval: str = "5s", evaluation_interval: str = "5s", group_wait: str | None = None,
             on_notification: Callable[[dict[str, Any]], None] | None = None, prometheus_port: int = 0,
-            alertmanager_port: int = 0) -> Iterator[Monitoring]:
-    """Webhook receiver, Alertmanager routing to it, Prometheus scraping ``metrics_targets`` with
-    ``rules`` and alerting through that Alertmanager; everything stops when the block ends."""
+            alertmanager_port: int = 0, api_targets: list[str] | None = None) -> Iterator[Monitoring]:
+    """Webhook receiver, Alertmanager routing to it, Prometheus scraping ``metrics_targets`` (and the
+    OpenAI API's ``api_targets``) with ``rules`` and alerting through that Alertmanager; everything
+    stops when the block ends."""
     with WebhookReceiver(on_notification) as hook, \
             run_alertmanager(workdir / "alertmanager", alertmanager_config(alertmanager_yml, hook.url, group_wait),
                              alertmanager_port) as am:
         prom_cfg = prometheus_config(metrics_targets, rules, am.url.split("://", 1)[1],
-                                     scrape_interval, evaluation_interval)
+                                     scrape_interval, evaluation_interval, api_targets)
         with run_prometheus(workdir / "prometheus", prom_cfg, prometheus_port) as prom:
             yield Monitoring(prom, am, hook)

@@ -15,7 +15,9 @@ report itself not ready. So the front end remembers the last generation's outcom
 request, or its own probe) and, when that is older than ``health_cache_s``, probes a 1-token greedy
 generation on each model (batch and streaming); a failure (HTTP 500 from the engine) turns ``/health``
 503 with the engine's message, the next success turns it 200 again. A probe refused as overloaded
-(429) counts as alive: a busy replica is not a broken one. ``/metrics`` is Prometheus text.
+(429) counts as alive: a busy replica is not a broken one. ``/metrics`` is Prometheus text, with
+streamed answers' time to first token and inter-token latency (the gaps between an answer's chunks),
+which deployments/monitoring/alerts.yml watches.
 
 Why a front end and not Triton's own LLM convention (``text_input`` / ``text_output`` BYTES tensors
 with ``sampling_parameters``): the Python backend stub of the Triton 2.51 build we ship (the
@@ -57,6 +59,13 @@ log = logging.getLogger(__name__)
 DEFAULT_API_PORT = 8080
 MAX_N = 8  # choices per request: each is a request to the engine
 MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
+# Bucket bounds (seconds) of the streamed requests' latency histograms. The p99 objectives that
+# deployments/monitoring/alerts.yml alerts on (TTFT 200 ms, inter-token 100 ms) are bounds with near
+# neighbours on both sides, so histogram_quantile resolves them rather than interpolating across a
+# wide bucket (tests/test_manifests.py holds the two together).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 1.0, 2.5, 5.0, 10.0)
+ITL_BUCKETS = (0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.125, 0.15, 0.2, 0.3,
+               0.5, 1.0, 2.5)
 
 
 class ApiError(Exception):
@@ -389,6 +398,7 @@ class Metrics:
     latency: Any = None
     ttft: Any = None
     in_flight: Any = None
+    itl: Any = None
 
     @classmethod
     def create(cls) -> Metrics:
@@ -402,9 +412,11 @@ class Metrics:
                    Histogram("llmpipe_api_request_seconds", "Request duration until the answer (or the stream) "
                              "ended", ["endpoint"], registry=reg),
                    Histogram("llmpipe_api_time_to_first_token_seconds", "Streamed requests: until the first "
-                             "token was sent", ["endpoint"], registry=reg),
+                             "token was sent", ["endpoint"], registry=reg, buckets=TTFT_BUCKETS),
                    Gauge("llmpipe_api_requests_in_flight", "Requests holding one of the front end's max_in_flight "
-                         "slots now", registry=reg))
+                         "slots now", registry=reg),
+                   Histogram("llmpipe_api_inter_token_latency_seconds", "Streamed requests: the gap between two "
+                             "consecutive chunks of one answer", ["model"], registry=reg, buckets=ITL_BUCKETS))
 
 
 @dataclass
@@ -807,6 +819,7 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
 
     open_ = len(streams)
     first_sent = False
+    last_sent: dict[int, float] = {}  # choice -> when its last chunk was sent
     pieces = merged()
     try:
         if chat:
@@ -823,9 +836,13 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
                 open_ -= 1
                 yield chunk(index, None, streams[index].finish_reason)
                 continue
+            now = time.perf_counter()
             if not first_sent:
-                st.metrics.ttft.labels(endpoint).observe(time.perf_counter() - t0)
+                st.metrics.ttft.labels(endpoint).observe(now - t0)
                 first_sent = True
+            if index in last_sent:  # the gap a reader of this answer waited since its previous chunk
+                st.metrics.itl.labels(st.cfg.name).observe(now - last_sent[index])
+            last_sent[index] = now
             yield chunk(index, piece, None)
         completion = sum(len(c.tokens) for c in streams)
         prompt = _prompt_tokens(req, [c.job for c in streams])

@@ -353,7 +353,7 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
         with interrupt_on(signal.SIGTERM, signal.SIGHUP), \
                 serve(repo, http_port, grpc_port, metrics_port=metrics_port, startup_timeout_s=startup_timeout_s) as server, \
                 _api(server, api_port, api_host, api_key) as api, \
-                _monitoring(server, monitor_dir, prometheus_port, alertmanager_port):
+                _monitoring(server, monitor_dir, prometheus_port, alertmanager_port, api):
             models = ", ".join(c.parent.name for c in sorted(server.repo.glob("*/config.pbtxt")))
             print(f"serving {models}: HTTP {server.http_url}  gRPC {server.grpc_url}  "
                   f"metrics 127.0.0.1:{server.metrics_port}  (log {server.log_path}); Ctrl-C stops", flush=True)
@@ -365,6 +365,27 @@ def main_serve(artifact_dir: str | Path | None = None, config: str | Path | None
             print(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}",
                   file=sys.stderr)
             return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def main_api(artifact_dir: str | Path | None, triton_grpc: str, config: str | Path | None = None,
+             api_port: int = 8080, api_host: str = "127.0.0.1", api_key: str | None = None) -> int:
+    """``llmpipe serve --triton HOST:PORT``: only the OpenAI API, in front of a Triton that runs
+    elsewhere (compose's ``api-N`` beside ``triton-N``), until Ctrl-C or SIGTERM.
+
+    The artifact (or model repository) gives the tokenizer, chat template and limits; the models run
+    in that Triton. One API per replica, so Prometheus sees each replica's TTFT and inter-token latency.
+    """
+    from llmpipe.serving.openai_api import api_config, serve_api
+
+    cfg = api_config(resolve_artifact(artifact_dir, config), triton_grpc, api_key=api_key)
+    try:
+        with interrupt_on(signal.SIGTERM, signal.SIGHUP), serve_api(cfg, api_host, api_port) as api:
+            print(f"OpenAI-compatible API: {api.url}  (model {cfg.name} on Triton {triton_grpc}"
+                  f"{', API key required' if api_key else ''}); Ctrl-C stops", flush=True)
+            while True:
+                time.sleep(3600)
     except KeyboardInterrupt:
         return 0
 
@@ -429,7 +450,7 @@ def _api(server: TritonServer, port: int | None, host: str, api_key: str | None)
 
 @contextmanager
 def _monitoring(server: TritonServer, monitor_dir: Path | None, prometheus_port: int,
-                alertmanager_port: int) -> Iterator[None]:
+                alertmanager_port: int, api: _Api | None = None) -> Iterator[None]:
     if monitor_dir is None:
         yield
         return
@@ -440,6 +461,7 @@ def _monitoring(server: TritonServer, monitor_dir: Path | None, prometheus_port:
         with monitoring.monitor(work, [f"127.0.0.1:{server.metrics_port}"], [Path(monitor_dir) / "alerts.yml"],
                                 Path(monitor_dir) / "alertmanager.yml", prometheus_port=prometheus_port,
                                 alertmanager_port=alertmanager_port,
+                                api_targets=[api.url.split("://", 1)[1].removesuffix("/v1")] if api else None,
                                 on_notification=lambda n: print(monitoring.describe(n), flush=True)) as mon:
             print(f"monitoring: Prometheus {mon.prometheus.url}  Alertmanager {mon.alertmanager.url}  "
                   f"(rules {Path(monitor_dir) / 'alerts.yml'}; alerts print here)", flush=True)

@@ -43,9 +43,10 @@ def test_every_rule_file_passes_promtool() -> None:
     rule_files = [f for f in files if "groups" in (yaml.safe_load(f.read_text()) or {})]
     assert RULES in rule_files
     out = _check(["promtool", "check", "rules", *map(str, rule_files)])
-    assert "SUCCESS: 4 rules found" in out
+    assert "SUCCESS: 7 rules found" in out
     names = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
-    assert names == {"TritonDown", "TritonErrorRateHigh", "TritonP99LatencyOverSlo", "TritonQueueTimeHigh"}
+    assert names == {"TritonDown", "TritonErrorRateHigh", "TritonP99LatencyOverSlo", "TritonQueueTimeHigh",
+                     "ApiDown", "StreamTimeToFirstTokenOverSlo", "StreamInterTokenLatencyOverSlo"}
 
 
 @needs_promtool
@@ -56,6 +57,22 @@ def test_alert_rules_fire_on_synthetic_series() -> None:
     assert "SUCCESS" in out
     tested = set(re.findall(r"alertname: (\w+)", (ROOT / "alerts_test.yml").read_text()))
     assert tested == {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+
+
+def test_synthetic_histograms_have_the_apis_bucket_bounds() -> None:
+    # alerts_test.yml's series are shaped as the API exports them: every `le` is one of its bounds
+    from llmpipe.serving.openai_api import ITL_BUCKETS, TTFT_BUCKETS
+
+    bounds = {"llmpipe_api_time_to_first_token_seconds_bucket": TTFT_BUCKETS,
+              "llmpipe_api_inter_token_latency_seconds_bucket": ITL_BUCKETS}
+    seen = set()
+    for case in yaml.safe_load((ROOT / "alerts_test.yml").read_text())["tests"]:
+        for series in case["input_series"]:
+            m = re.match(r'(\w+)\{.*le="([^"]+)"', series["series"])
+            if m and m.group(1) in bounds:
+                seen.add(m.group(1))
+                assert m.group(2) == "+Inf" or float(m.group(2)) in bounds[m.group(1)], series["series"]
+    assert seen == set(bounds)
 
 
 @needs_promtool
@@ -183,8 +200,15 @@ def test_compose_runs_the_monitoring_stack_on_these_files() -> None:
     assert mounts["prometheus"]["/etc/prometheus/prometheus.yml"] == ROOT / "prometheus.yml"
     assert all(mounts["prometheus"][r] == ROOT / Path(r).name for r in prom["rule_files"])
     replicas = sorted(s for s in services if s.startswith("triton-"))
-    scraped = prom["scrape_configs"][0]["static_configs"][0]["targets"]
-    assert sorted(scraped) == [f"{r}:8002" for r in replicas]  # every replica, not nginx's balanced port
+    jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in prom["scrape_configs"]}
+    assert sorted(jobs["triton"]) == [f"{r}:8002" for r in replicas]  # every replica, not nginx's balanced port
+    apis = sorted(s for s in services if s.startswith("api-"))
+    assert len(apis) == len(replicas) and sorted(jobs["api"]) == [f"{a}:8080" for a in apis]
+    for job, targets in jobs.items():  # every target is a compose service that exposes the port scraped
+        for host, port in (t.split(":") for t in targets):
+            assert host in services and port in services[host]["expose"], f"job {job}: {host}:{port} is not in compose"
+    for a, r in zip(apis, replicas, strict=True):  # each API fronts its own replica, so its histograms are that replica's
+        assert services[a]["command"][services[a]["command"].index("--triton") + 1] == f"{r}:8001"
     am_host, am_port = prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"][0].split(":")
     assert am_host in services and f"{am_port}:{am_port}" in services[am_host]["ports"]
     assert mounts["alertmanager"]["/etc/alertmanager/alertmanager.yml"] == ROOT / "alertmanager.yml"

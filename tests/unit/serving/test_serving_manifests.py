@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from llmpipe.serving.config import DeployConfig
+from llmpipe.serving.openai_api import DEFAULT_API_PORT
 from llmpipe.serving.stage import PRODUCTION_PORTS, run_deploy
 from llmpipe.stage import STAGES, StageContext
 from llmpipe.store import ArtifactStore
@@ -33,7 +34,7 @@ def compose() -> dict:
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not installed (scripts/install.sh installs it)")
 def test_nginx_accepts_the_conf(tmp_path: Path) -> None:
     # The upstream hosts only resolve inside the compose network: point them at loopback for the check.
-    conf = re.sub(r"\btriton-\d+\b", "127.0.0.1", (ROOT / "nginx.conf").read_text())
+    conf = re.sub(r"\b(triton|api)-\d+\b", "127.0.0.1", (ROOT / "nginx.conf").read_text())
     conf = conf.replace("pid /tmp/nginx.pid;", f"pid {tmp_path}/nginx.pid;")
     (tmp_path / "logs").mkdir()
     (tmp_path / "nginx.conf").write_text(conf)
@@ -52,6 +53,9 @@ def test_nginx_balances_every_replica_on_every_port() -> None:
         for r in replicas:
             assert f"server {r}:{port}" in text, f"{r}:{port} missing from the upstreams"
     assert re.search(rf"listen {PRODUCTION_PORTS['grpc']} http2;", text) and "grpc_pass grpc://" in text
+    apis = sorted(s for s in compose()["services"] if s.startswith("api-"))
+    assert len(apis) == len(replicas) and re.search(rf"listen {DEFAULT_API_PORT};", text)
+    assert all(f"server {a}:{DEFAULT_API_PORT}" in text for a in apis)
 
 
 def test_compose_matches_what_the_stage_generated(tmp_path: Path, tiny_checkpoint: Path) -> None:
@@ -81,13 +85,13 @@ def test_compose_matches_what_the_stage_generated(tmp_path: Path, tiny_checkpoin
         assert any(v.endswith(":/models:ro") for v in svc["volumes"])
         assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     published = {int(p.split(":")[0]) for p in services["nginx"]["ports"]}
-    assert published == set(info["ports"].values())
+    assert published == {*info["ports"].values(), DEFAULT_API_PORT}  # Triton's ports and the OpenAI API's
     assert services["redis"]["profiles"] == ["cache"]
 
 
 # -- the compose file is one Compose accepts, with the field guide's services ------------------------
 
-SERVICES = {"triton-0", "triton-1", "nginx", "redis", "prometheus", "alertmanager", "grafana"}
+SERVICES = {"triton-0", "triton-1", "api-0", "api-1", "nginx", "redis", "prometheus", "alertmanager", "grafana"}
 
 
 def _compose_command() -> list[str] | None:
@@ -211,8 +215,9 @@ def test_nginx_passes_generate_stream_events_as_they_come(tmp_path: Path) -> Non
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), _SSEUpstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     up = upstream.server_address[1]
-    ports = dict(zip(PRODUCTION_PORTS.values(), free_ports(len(PRODUCTION_PORTS)), strict=True))
-    conf = re.sub(r"\btriton-\d+:\d+", f"127.0.0.1:{up}", (ROOT / "nginx.conf").read_text())
+    listened = [*PRODUCTION_PORTS.values(), DEFAULT_API_PORT]
+    ports = dict(zip(listened, free_ports(len(listened)), strict=True))
+    conf = re.sub(r"\b(triton|api)-\d+:\d+", f"127.0.0.1:{up}", (ROOT / "nginx.conf").read_text())
     conf = re.sub(r"listen (\d+)", lambda m: f"listen 127.0.0.1:{ports[int(m.group(1))]}", conf)
     conf = conf.replace("pid /tmp/nginx.pid;", f"pid {tmp_path}/nginx.pid;")
     (tmp_path / "logs").mkdir()
@@ -229,15 +234,18 @@ def test_nginx_passes_generate_stream_events_as_they_come(tmp_path: Path) -> Non
             except OSError:
                 assert nginx.poll() is None and time.monotonic() < deadline, "nginx did not start"
                 time.sleep(0.05)
-        t0 = time.monotonic()
-        url = f"http://127.0.0.1:{port}/v2/models/m_stream/generate_stream"
-        resp = urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=10)
-        first = resp.readline()  # a buffering proxy sends headers and body only when the answer ends
-        waited = time.monotonic() - t0
-        _SSEUpstream.first_read.set()
-        rest = resp.read()
-        assert first.startswith(b"data: ") and b'"a"' in first and b'"b"' in rest
-        assert waited < 2, f"the first event came after {waited:.1f} s: nginx buffered the stream"
+        # Triton's generate_stream, and the OpenAI API's streamed completions (their TTFT and ITL)
+        for url in (f"http://127.0.0.1:{port}/v2/models/m_stream/generate_stream",
+                    f"http://127.0.0.1:{ports[DEFAULT_API_PORT]}/v1/completions"):
+            _SSEUpstream.first_read.clear()
+            t0 = time.monotonic()
+            resp = urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=10)
+            first = resp.readline()  # a buffering proxy sends headers and body only when the answer ends
+            waited = time.monotonic() - t0
+            _SSEUpstream.first_read.set()
+            rest = resp.read()
+            assert first.startswith(b"data: ") and b'"a"' in first and b'"b"' in rest
+            assert waited < 2, f"{url}: the first event came after {waited:.1f} s: nginx buffered the stream"
     finally:
         nginx.terminate()
         nginx.wait(10)
