@@ -1,7 +1,8 @@
 """The ``ingest`` stage: raw sources → normalized ``Document`` shards, bad records quarantined.
 
 Each source file is one unit of work (and of caching: a nightly refresh that adds files reads only
-the new ones). Every record read ends as a document or as a quarantine line naming ``file:line``
+the new ones). A source given as an fsspec URL is read where it lives: each shard job opens its
+file's URL itself (streaming, :func:`open_source`), whole files per job. Every record read ends as a document or as a quarantine line naming ``file:line``
 and the reason, so ``read = ingested + quarantined`` holds for each file and for the stage; the cut
 tail of a truncated ``.gz``/``.zst`` counts as one quarantined record at the line it reached.
 
@@ -14,6 +15,7 @@ stage carries it on. A UTF-8 byte order mark at the start of a line is stripped.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import gzip
 import hashlib
@@ -42,7 +44,7 @@ from llmpipe.document import (
     write_table,
 )
 from llmpipe.files import link_file
-from llmpipe.sources import UNKNOWN, HashCache, SourceError, source_files
+from llmpipe.sources import UNKNOWN, HashCache, SourceError, is_url, source_files, url_files
 from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
@@ -64,10 +66,10 @@ class IngestUnit:
     """
 
     source: str  # the source's name: the documents' ``source`` column, and part of every id
-    path: Path  # the file to read
+    path: Path | str  # the file to read: a local ``Path``, or the ``str`` fsspec URL of a URL source's file
     format: str  # jsonl, parquet, text, text_lines or hf_disk (``auto`` is resolved when planning)
     rel: str  # the file's name inside its source: in ids, shard names and ``metadata["file"]``
-    sha256: str  # the file's content hash
+    sha256: str  # the file's content hash (a URL file's: ``sources.url_identity``, its store's checksum)
     display: str  # how quarantine lines name the file (``<source>:<rel>`` for a built-in corpus)
     prefix: str  # the shard names' start: ``shard_prefix(source, rel)[-c<chunk no>]``
     text_field: str  # the JSON key / column holding the text
@@ -105,8 +107,23 @@ def normalize(text: str, form: str, strip_control: bool) -> str:
     return text
 
 
-def _compression(path: Path) -> str | None:
-    name = path.name.lower()
+def file_name(path: Path | str) -> str:
+    """The last part of a local path or of a URL."""
+    return path.name if isinstance(path, Path) else path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def open_source(path: Path | str) -> BinaryIO:
+    """A source file opened for reading bytes: a local path, or a URL file streamed from where it lives
+    (fsspec reads ahead in blocks; nothing is downloaded whole)."""
+    if isinstance(path, Path):
+        return open(path, "rb")
+    import fsspec
+
+    return fsspec.open(path, "rb").open()
+
+
+def _compression(path: Path | str) -> str | None:
+    name = file_name(path).lower()
     return "gzip" if name.endswith(".gz") else "zstd" if name.endswith(".zst") else None
 
 
@@ -147,7 +164,7 @@ def _stream_cut(kind: str, last_line: int, error: Exception) -> Bad:
     return Bad(f"corrupt {kind} stream {after}: {detail}", kind=f"corrupt {kind} stream")
 
 
-def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]]:
+def _compressed_lines(path: Path | str, kind: str) -> Iterator[tuple[int, bytes | Bad]]:
     """(line number, bytes with their newline) of a compressed file; where the stream stops early
     or is corrupt, a last ``Bad`` at the line it reached stands for the cut tail (whatever part of
     that line was decompressed is dropped with it: a cut line is never taken for a whole one)."""
@@ -156,7 +173,7 @@ def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]
         import zstandard
 
         errors += (zstandard.ZstdError,)
-    with open(path, "rb") as raw:  # outside the try: a file that cannot be opened is no stream error
+    with open_source(path) as raw:  # outside the try: a file that cannot be opened is no stream error
         blocks = _gzip_blocks(raw) if kind == "gzip" else _zstd_blocks(raw)
         no, pending = 1, []  # the pieces of a line that spans blocks (joined once, however long)
         while True:
@@ -180,7 +197,7 @@ def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]
             yield no, b"".join(pending)
 
 
-def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes | Bad]]:
+def _lines(path: Path | str, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes | Bad]]:
     """(line number, bytes) of a file, or of one chunk ``(start, end, first_line, ...)`` of it; a
     compressed file's cut tail comes as a last ``Bad`` (see ``_compressed_lines``)."""
     if chunk is None:
@@ -188,8 +205,8 @@ def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, byt
         if kind is not None:
             yield from _compressed_lines(path, kind)
             return
-        with open(path, "rb") as raw:
-            yield from enumerate(raw, start=1)
+        with open_source(path) as raw:
+            yield from enumerate(raw, start=1) if isinstance(path, Path) else _block_lines(raw)
         return
     start, end, first_line = chunk[:3]
     with open(path, "rb") as f:
@@ -200,6 +217,24 @@ def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, byt
                 break
             pos += len(line)
             yield no, line
+
+
+def _block_lines(raw: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes with their newline) of a stream read in blocks: a remote file's
+    ``readline`` reads (and copies) a whole read-ahead block per line."""
+    no, pending = 1, []
+    while block := raw.read(_BLOCK):
+        start = 0
+        while (end := block.find(b"\n", start) + 1) > 0:
+            line = block[start:end]
+            if pending:
+                line, pending = b"".join([*pending, line]), []
+            yield no, line
+            no, start = no + 1, end
+        if start < len(block):
+            pending.append(block[start:])
+    if pending:
+        yield no, b"".join(pending)
 
 
 def chunk_bounds(path: Path, n: int) -> list[list[int]]:
@@ -284,7 +319,7 @@ except ImportError:  # pragma: no cover
     _orjson = None
 
 
-def read_jsonl(path: Path, text_field: str, id_field: str | None,
+def read_jsonl(path: Path | str, text_field: str, id_field: str | None,
                chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
     """Yield (line number, text or Bad, extra metadata) for each non-blank line; the extra metadata
     is every other field of the record, as it is (nested objects and arrays included)."""
@@ -371,15 +406,17 @@ def _table_records(batches: Iterable[Any], text_field: str, id_field: str | None
             row += 1
 
 
-def read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
-    """Each row's text, with every other column (nested ones too) as metadata."""
+def read_parquet(path: Path | str, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    """Each row's text, with every other column (nested ones too) as metadata; a URL file is read
+    through its fsspec file object (Parquet seeks to its footer and column chunks, no whole download)."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    if text_field not in pf.schema_arrow.names:
-        raise Bad(f"no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
-    batches = pf.iter_batches(batch_size=8192)
-    yield from _table_records(batches, text_field, id_field, lambda i: f"row {i + 1}")
+    with contextlib.nullcontext(path) if isinstance(path, Path) else open_source(path) as f:
+        pf = pq.ParquetFile(f)
+        if text_field not in pf.schema_arrow.names:
+            raise Bad(f"no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+        batches = pf.iter_batches(batch_size=8192)
+        yield from _table_records(batches, text_field, id_field, lambda i: f"row {i + 1}")
 
 
 def _text_line(line: bytes) -> bytes:
@@ -389,7 +426,7 @@ def _text_line(line: bytes) -> bytes:
     return line[len(BOM):] if line.startswith(BOM) else line
 
 
-def read_text(path: Path, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
+def read_text(path: Path | str, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
     """A text file (plain, ``.gz`` or ``.zst``) as one document, or one per non-blank line."""
     if not per_line:
         parts: list[bytes] = []
@@ -436,7 +473,7 @@ def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[
                                   (lambda i, s=split: f"{s}[{i}]") if split else (lambda i: f"row {i + 1}"))
 
 
-def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
+def iter_records(path: Path | str, fmt: str, text_field: str, id_field: str | None,
                  chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
     if fmt == "jsonl":
         return read_jsonl(path, text_field, id_field, chunk)
@@ -445,6 +482,8 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     if fmt in ("text", "text_lines"):
         return read_text(path, per_line=fmt == "text_lines")
     if fmt == "hf_disk":
+        if not isinstance(path, Path):
+            raise Bad("a save_to_disk folder is read from a local path only", kind="unsupported format")
         return read_hf_disk(path, text_field, id_field)
     if fmt == UNKNOWN:
         raise Bad("unknown file type: its name does not tell the format (set sources[].format or narrow "
@@ -452,10 +491,10 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     raise Bad(f"unsupported format {fmt!r}")
 
 
-def _chunk_bytes(path: Path, chunk: tuple[int, ...] | None) -> tuple[bytes, int, int]:
+def _chunk_bytes(path: Path | str, chunk: tuple[int, ...] | None) -> tuple[bytes, int, int]:
     """The bytes of a file or of one chunk (see ``chunk_bounds``), its first line number and its
     number of lines."""
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         if chunk is None:
             data = f.read()
             newlines = data.count(b"\n")
@@ -500,7 +539,7 @@ def fast_jsonl(job: IngestJob, out: Path) -> dict[str, Any] | None:
 
     unit, cfg = job.unit, job.config
     path, text_field = unit.path, unit.text_field
-    if unit.format != "jsonl" or path.name.lower().endswith((".gz", ".zst")):
+    if unit.format != "jsonl" or _compression(path) is not None:
         return None
     data, first_line, n_lines = _chunk_bytes(path, unit.chunk)
     if data.startswith(BOM):  # as the line loop does; a BOM at a later line's start fails Arrow's parse
@@ -881,7 +920,7 @@ def _slug(rel: str) -> str:
 
 def _n_chunks(path: Path, fmt: str, chunk_mb: float) -> int:
     """Big uncompressed JSONL files are cut into byte ranges so that several workers share one file."""
-    if fmt != "jsonl" or path.name.lower().endswith((".gz", ".zst")) or not path.is_file():
+    if fmt != "jsonl" or _compression(path) is not None or not path.is_file():
         return 1
     return max(1, math.ceil(path.stat().st_size / (chunk_mb * (1 << 20))))
 
@@ -905,13 +944,13 @@ def _hash_and_cut(cache: HashCache, path: Path, fmt: str, chunk_mb: float) -> tu
     return digest, bounds
 
 
-def _file_units(src: SourceConfig, path: Path, fmt: str, rel: str, digest: str, bounds: list[list[int]],
+def _file_units(src: SourceConfig, path: Path | str, fmt: str, rel: str, digest: str, bounds: list[list[int]],
                 source_key: str) -> list[IngestUnit]:
     """The units of one file: the whole file, or one per chunk when it was cut in more than one."""
     chunks: list[tuple[int, ...] | None] = [tuple(b) for b in bounds] if len(bounds) > 1 else [None]
     prefix = shard_prefix(src.name, rel)
     display = f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path)
-    return [IngestUnit(source=src.name, path=Path(path), format=fmt, rel=rel, sha256=digest, display=display,
+    return [IngestUnit(source=src.name, path=path, format=fmt, rel=rel, sha256=digest, display=display,
                        prefix=prefix if chunk is None else f"{prefix}-c{i:04d}", text_field=src.text_field,
                        id_field=src.id_field, source_key=source_key, chunk=chunk)
             for i, chunk in enumerate(chunks)]
@@ -923,8 +962,12 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[IngestUnit], dict[
     units: list[IngestUnit] = []
     keys: dict[str, str] = {}
     for src in pipeline.sources:
-        files = [(path, fmt, rel, *_hash_and_cut(cache, path, fmt, pipeline.ingest.chunk_mb))
-                 for path, fmt, rel in source_files(src, pipeline.base_dir(), state_dir)]
+        if is_url(src.path):  # listed where it lives; whole files per job (no byte-range chunks)
+            files: list[tuple[Any, str, str, str, list[list[int]]]] = [
+                (url, fmt, rel, ident, []) for url, fmt, rel, ident in url_files(src)]
+        else:
+            files = [(path, fmt, rel, *_hash_and_cut(cache, Path(path), fmt, pipeline.ingest.chunk_mb))
+                     for path, fmt, rel in source_files(src, pipeline.base_dir(), state_dir)]
         key = keys[f"source:{src.name}"] = hash_json([(rel, fmt, digest) for _, fmt, rel, digest, _ in files])
         for path, fmt, rel, digest, bounds in files:
             units += _file_units(src, path, fmt, rel, digest, bounds, key)
