@@ -116,3 +116,39 @@ def test_bad_url_sources_are_named(workdir: Path, bucket: str) -> None:
     (line,) = [json.loads(x) for x in (art / "quarantine.jsonl").read_text().splitlines()]
     assert line["where"] == f"{bucket}/crawl/bad/x.jsonl:2" and line["reason"].startswith("malformed JSON")
     assert (run.stats["read"], run.stats["ingested"], run.stats["quarantined"]) == (2, 1, 1)
+
+
+def test_a_url_unit_goes_to_a_worker_as_its_url(tmp_path: Path, workdir: Path, bucket: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a URL store and workers on other hosts, a URL source's files are not uploaded through the
+    store (as the driver's local source files are): the worker opens the URL itself."""
+    from llmpipe.ingest import IngestJob, ingest_file
+    from llmpipe.remote_shards import StoreView, fetch_shard, run_remote_shard_job, share_inputs
+    from llmpipe.store import ArtifactStore
+
+    _put(f"{bucket}/crawl", FILES)
+    cfg = load_config(None, [], data={"sources": [{"name": "web", "path": f"{bucket}/crawl/**/*.jsonl"}]})
+    units, _ = plan_inputs(cfg, workdir / "state")
+    store = ArtifactStore(f"{bucket}/store", cache_dir=tmp_path / "driver-cache")
+    jobs = [IngestJob(u, cfg.ingest) for u in units]
+    view = share_inputs(store, StoreView.of(store, "ingest", store.new_tmp_dir("ingest", "k" * 64)), jobs)
+    assert view.files is None and view.shared is None  # nothing of the driver's disk to share
+    (tmp_path / "worker").mkdir()
+    monkeypatch.chdir(tmp_path / "worker")
+    assert jobs[1].unit.rel == "2024-01/part.jsonl"
+    run_remote_shard_job((ingest_file, jobs[1], view, "s1"))
+    assert fetch_shard(store, "ingest", "s1")
+    done = json.loads((tmp_path / "driver-cache" / "ingest" / "_shards" / "s1" / "_DONE.json").read_text())
+    assert (done["read"], done["ingested"]) == (7, 7)
+
+
+def test_url_files_are_dated_by_their_store(workdir: Path, bucket: str) -> None:
+    """timeliness' ``file_mtime`` takes a URL file's modified time from its filesystem."""
+    import datetime as dt
+
+    from llmpipe.curation.timeliness import source_mtimes
+
+    _put(f"{bucket}/crawl", FILES)
+    cfg = load_config(None, [], data={"sources": [{"name": "web", "path": f"{bucket}/crawl/**/*.txt"}]})
+    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    assert list(source_mtimes(cfg).values()) == [today]
