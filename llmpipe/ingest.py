@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import datetime
 import gzip
 import hashlib
 import json
 import math
 import re
-import shutil
 import unicodedata
 import zlib
 from collections import Counter
@@ -209,10 +209,11 @@ def _lines(path: Path | str, chunk: tuple[int, ...] | None) -> Iterator[tuple[in
             yield from enumerate(raw, start=1) if isinstance(path, Path) else _block_lines(raw)
         return
     start, end, first_line = chunk[:3]
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         f.seek(start)
         pos = start
-        for no, line in enumerate(f, start=first_line):
+        lines = f if isinstance(path, Path) else (line for _, line in _block_lines(f))
+        for no, line in enumerate(lines, start=first_line):
             if pos >= end:
                 break
             pos += len(line)
@@ -249,16 +250,21 @@ def scan_file(path: Path, n: int, digest: bool = True, block: int = 1 << 20) -> 
     each cut means workers never re-read a prefix to number their lines (nor count their own). The
     hash runs in a thread (hashlib frees the GIL) while this one counts, on two alternating buffers.
     """
+    with open(path, "rb", buffering=0) as f:
+        return _scan(f, path.stat().st_size, n, digest, block)
+
+
+def _scan(f: BinaryIO, size: int, n: int, digest: bool, block: int = 1 << 20) -> tuple[str, list[list[int]]]:
+    """:func:`scan_file` on an open stream of ``size`` bytes (a local file, or a URL file's stream)."""
     import numpy as np
 
-    size = path.stat().st_size
     targets = sorted({size * i // n - 1 for i in range(1, n) if size * i // n > 0})
     starts = {0: 1}  # cut offset -> line number there
     h = hashlib.sha256()
     bufs = (bytearray(block), bytearray(block))
     nl = np.empty(block, dtype=bool)  # numpy counts newlines 5x faster than bytes.count
     pos, line, t, job, turn = 0, 1, 0, None, 0
-    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool:
         while got := f.readinto(bufs[turn]):
             buf = bufs[turn]
             np.equal(np.frombuffer(buf, np.uint8), 10, out=nl)
@@ -491,12 +497,15 @@ def iter_records(path: Path | str, fmt: str, text_field: str, id_field: str | No
     raise Bad(f"unsupported format {fmt!r}")
 
 
-def _chunk_bytes(path: Path | str, chunk: tuple[int, ...] | None) -> tuple[bytes, int, int]:
+def _chunk_bytes(path: Path | str, chunk: tuple[int, ...] | None,
+                 limit: int | None = None) -> tuple[bytes, int, int] | None:
     """The bytes of a file or of one chunk (see ``chunk_bounds``), its first line number and its
-    number of lines."""
+    number of lines; None when a whole file holds more than ``limit`` bytes."""
     with open_source(path) as f:
         if chunk is None:
-            data = f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+            if limit is not None and len(data) > limit:
+                return None
             newlines = data.count(b"\n")
         else:
             f.seek(chunk[0])
@@ -541,7 +550,12 @@ def fast_jsonl(job: IngestJob, out: Path) -> dict[str, Any] | None:
     path, text_field = unit.path, unit.text_field
     if unit.format != "jsonl" or _compression(path) is not None:
         return None
-    data, first_line, n_lines = _chunk_bytes(path, unit.chunk)
+    # a URL file is never cut in chunks (its line numbers would need a scan of it on the driver): one
+    # larger than a chunk goes to the line loop, which streams it, instead of into memory whole
+    got = _chunk_bytes(path, unit.chunk, None if isinstance(path, Path) else int(cfg.chunk_mb * (1 << 20)))
+    if got is None:
+        return None
+    data, first_line, n_lines = got
     if data.startswith(BOM):  # as the line loop does; a BOM at a later line's start fails Arrow's parse
         data = data[len(BOM):]
     if not data or b"\r" in data:
@@ -768,11 +782,63 @@ def _orig_id_tokens(col: Any, key: str, data: bytes) -> Any:
 
 def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
     """Read one source file (or chunk) into shards under ``out/shards``; quarantine what cannot be read."""
+    if isinstance(job.unit.path, str) and job.unit.chunk is None:
+        bounds = _url_chunks(job.unit.path, job.unit.format, job.config.chunk_mb)
+        if len(bounds) > 1:
+            return _ingest_url_chunks(job, out, bounds)
+    stats, quarantine = _ingest_unit(job, out)
+    if quarantine:
+        out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
+        (out / "quarantine.jsonl").write_text(
+            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
+    return stats
+
+
+def _url_chunks(url: str, fmt: str, chunk_mb: float) -> list[list[int]]:
+    """The chunk bounds a local run cuts the same file into (``[]``: not cut). Found by the shard job
+    in one streamed read of the file, not by the planner (which would read every file on the driver)."""
+    if fmt != "jsonl" or _compression(url) is not None:
+        return []
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(url)
+    size = fs.size(p)
+    n = max(1, math.ceil(size / (chunk_mb * (1 << 20))))
+    if n == 1:
+        return []
+    with open_source(url) as f:
+        return _scan(f, size, n, digest=False)[1]
+
+
+def _ingest_url_chunks(job: IngestJob, out: Path, bounds: list[list[int]]) -> dict[str, Any]:
+    """A URL file larger than a chunk: each chunk read (by range) and written as a local run's chunk job
+    writes it (``<prefix>-c<i>-<k>.parquet``), one after the other, so the shards are the local run's
+    and the memory held is a chunk's."""
+    totals: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    quarantine: list[dict[str, Any]] = []
+    for i, b in enumerate(bounds):
+        unit = dataclasses.replace(job.unit, chunk=tuple(b), prefix=f"{job.unit.prefix}-c{i:04d}")
+        stats, q = _ingest_unit(dataclasses.replace(job, unit=unit), out)
+        quarantine += q
+        reasons.update(stats["reasons"])
+        totals.update({k: v for k, v in stats.items() if k in ("read", "ingested", "quarantined", "sampled_out")})
+    if quarantine:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "quarantine.jsonl").write_text(
+            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
+    return {"read": totals["read"], "ingested": totals["ingested"], "quarantined": totals["quarantined"],
+            "reasons": dict(reasons), **_sampled_out(job.config, totals["sampled_out"])}
+
+
+def _ingest_unit(job: IngestJob, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One unit's stats and quarantine lines; its shards written under ``out/shards``."""
     if job.fast:
         fast = fast_jsonl(job, out)
         if fast is not None:
-            return fast
-        shutil.rmtree(out / SHARDS, ignore_errors=True)
+            return fast, []
+        for f in (out / SHARDS).glob(f"{job.unit.prefix}-*.parquet"):  # a declined fast path's part
+            f.unlink()
     unit, cfg = job.unit, job.config
     rel, where = unit.rel, unit.display
     reasons: Counter[str] = Counter()
@@ -817,12 +883,8 @@ def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
         reasons["unreadable file"] += 1
         quarantine.append({"where": where, "reason": f"unreadable file: {type(e).__name__}: {e}"})
     flush()
-    if quarantine:
-        out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
-        (out / "quarantine.jsonl").write_text(
-            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
     return {"read": read, "ingested": written, "quarantined": len(quarantine), "reasons": dict(reasons),
-            **_sampled_out(cfg, sampled_out)}
+            **_sampled_out(cfg, sampled_out)}, quarantine
 
 
 def _import_for_workers() -> None:

@@ -152,3 +152,28 @@ def test_url_files_are_dated_by_their_store(workdir: Path, bucket: str) -> None:
     cfg = load_config(None, [], data={"sources": [{"name": "web", "path": f"{bucket}/crawl/**/*.txt"}]})
     today = dt.datetime.now(dt.timezone.utc).date().isoformat()
     assert list(source_mtimes(cfg).values()) == [today]
+
+
+def test_a_url_file_larger_than_a_chunk_gives_the_local_runs_chunked_shards(workdir: Path, bucket: str) -> None:
+    """A local file larger than ``ingest.chunk_mb`` is cut into chunk jobs (``<prefix>-c0000-...``); the
+    URL file's one job finds the same cuts in its stream and writes the same shards, bad lines too."""
+    lines = [json.dumps({"text": f"page {i} " + "word " * (i % 7), "n": i}) for i in range(60)]
+    lines[23] = '{"text": "broken'  # a quarantined line in the middle chunk
+    files = {"big.jsonl": ("\n".join(lines) + "\n").encode(), "crlf.jsonl": b'{"text": "x"}\r\n' * 80}
+    _put(str(workdir / "crawl"), files)
+    _put(f"{bucket}/crawl", files)
+    chunk = "ingest.chunk_mb=0.001"  # about 1 kB: big.jsonl is cut in 3, crlf.jsonl in 2
+    local_run, local = _run("crawl/*.jsonl", chunk)
+    url_run, remote = _run(f"{bucket}/crawl/*.jsonl", chunk)
+    shards = sorted(p.name for p in (local / "shards").iterdir())
+    assert sum("-c0002-" in n for n in shards) == 1 and sum("-c0001-" in n for n in shards) == 2
+    assert local_run.stats["files"] == 5 and url_run.stats["files"] == 2  # chunk jobs vs whole-file jobs
+    want, got = _artifact(local), _artifact(remote)
+    assert want.pop("quarantine.jsonl") and got.pop("quarantine.jsonl") and got == want
+    q_local = [json.loads(x) for x in (local / "quarantine.jsonl").read_text().splitlines()]
+    q_url = [json.loads(x) for x in (remote / "quarantine.jsonl").read_text().splitlines()]
+    assert [q["reason"] for q in q_url] == [q["reason"] for q in q_local] and len(q_url) == 1
+    assert q_url[0]["where"] == f"{bucket}/crawl/big.jsonl:24"
+    assert q_local[0]["where"] == f"{workdir / 'crawl' / 'big.jsonl'}:24"
+    for k in ("read", "ingested", "quarantined", "quarantine_reasons"):
+        assert url_run.stats[k] == local_run.stats[k]
