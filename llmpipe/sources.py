@@ -117,6 +117,7 @@ def url_files(src: Any) -> list[tuple[str, str, str, str]]:
         fs, path = fsspec.core.url_to_fs(src.path)
     except (ImportError, ValueError) as e:  # an unknown protocol, or its package not installed
         raise SourceError(f"{where}: cannot open {src.path!r}: {e}") from e
+    fs.invalidate_cache()  # a listing cached by this long-lived process would hide new uploads and ETags
     if any(c in src.path for c in "*?["):
         root = _url_glob_root(src.path)
         listing = fs.glob(path, detail=True)

@@ -53,6 +53,10 @@ def test_an_s3_source_is_read_by_the_workers_where_it_lives(tmp_path: Path, s3_s
     with dask_processes(cluster, n_workers=2) as address:
         run = _ingest(f"{s3_server}/crawl/**/*", f"{s3_server}/store", tmp_path / "state-dask",
                       "executor.kind=dask", f"executor.dask_address={address}")
+        first = set(fs.glob("llmpipe/store/ingest/_shards/*/_DONE.json"))
+        fs.pipe("llmpipe/crawl/2024-01/crlf.jsonl", b'{"text": "rewritten"}\n')  # a new upload: a new ETag
+        again = _ingest(f"{s3_server}/crawl/**/*", f"{s3_server}/store", tmp_path / "state-dask",
+                        "executor.kind=dask", f"executor.dask_address={address}")
     assert not _survivors(cluster), _survivors(cluster)
     assert run.ran and run.stats["ingested"] == local.stats["ingested"] == 45
     base = f"llmpipe/store/ingest/{run.key}"
@@ -62,4 +66,29 @@ def test_an_s3_source_is_read_by_the_workers_where_it_lives(tmp_path: Path, s3_s
     # the workers read the URLs: no source file went through the store or into a worker's cache
     assert not [p for p in fs.find("llmpipe/store") if "/.tmp-" in p]
     assert not list(cluster.glob("worker-*/.llmpipe/store-cache/ingest/.shared-files"))
-    assert fs.glob("llmpipe/store/ingest/_shards/*/_DONE.json")
+    assert len(first) == len(FILES)
+    assert again.ran and again.stats["ingested"] == 44  # that file alone was read again
+    fs.invalidate_cache()
+    assert len(set(fs.glob("llmpipe/store/ingest/_shards/*/_DONE.json")) - first) == 1
+
+
+def test_an_s3_files_identity_is_its_etag(tmp_path: Path, s3_server: str) -> None:  # noqa: F811
+    """Keyed without a download: the listing's ETag (the MD5 of a single-part object) and the size."""
+    import fsspec
+
+    from llmpipe.config import load_config
+    from llmpipe.sources import url_files
+    from llmpipe.store import hash_json
+
+    fs = fsspec.filesystem("s3")
+    fs.pipe("llmpipe/one/a.jsonl", b'{"text": "a"}\n')
+    cfg = load_config(None, [], data={"sources": [{"name": "web", "path": f"{s3_server}/one/*.jsonl"}]})
+    ((url, fmt, rel, ident),) = url_files(cfg.sources[0])
+    etag = fs.info("llmpipe/one/a.jsonl")["ETag"]
+    assert etag.strip('"') == hashlib.md5(b'{"text": "a"}\n').hexdigest()
+    assert (url, fmt, rel, ident) == (f"{s3_server}/one/a.jsonl", "jsonl", "a.jsonl",
+                                      "fsspec:" + hash_json([f"ETag:{etag}", 14]))
+    # another client's upload (this process's cached listing knows nothing of it) changes the identity
+    fsspec.filesystem("s3", skip_instance_cache=True).pipe("llmpipe/one/a.jsonl", b'{"text": "b"}\n')
+    ((_, _, _, ident2),) = url_files(cfg.sources[0])
+    assert ident2 != ident

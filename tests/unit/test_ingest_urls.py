@@ -58,8 +58,9 @@ def bucket() -> str:
     fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
 
 
-@pytest.mark.parametrize("pattern", ["crawl/**/*", "crawl"])
-def test_a_url_source_gives_the_bytes_of_the_same_files_on_disk(workdir: Path, bucket: str, pattern: str) -> None:
+@pytest.mark.parametrize(("pattern", "docs"), [("crawl/**/*", 14), ("crawl", 14), ("crawl/2024-01/part.jsonl", 7)])
+def test_a_url_source_gives_the_bytes_of_the_same_files_on_disk(workdir: Path, bucket: str, pattern: str,
+                                                                docs: int) -> None:
     files = {**FILES, "2024-02/table.parquet": _parquet()}
     _put(str(workdir / "crawl"), files)
     _put(f"{bucket}/crawl", files)
@@ -69,7 +70,7 @@ def test_a_url_source_gives_the_bytes_of_the_same_files_on_disk(workdir: Path, b
     assert _artifact(remote) == _artifact(local) and "shards" in {p.split("/")[0] for p in _artifact(local)}
     for k in ("read", "ingested", "quarantined"):
         assert url_run.stats[k] == local_run.stats[k]
-    assert url_run.stats["ingested"] == 14
+    assert url_run.stats["ingested"] == docs
 
 
 def test_url_units_carry_the_url_and_local_units_a_path(workdir: Path, bucket: str) -> None:
@@ -102,9 +103,11 @@ def test_changing_one_remote_file_reingests_that_file_only(workdir: Path, bucket
 
 def test_bad_url_sources_are_named(workdir: Path, bucket: str) -> None:
     _put(f"{bucket}/crawl", {**FILES, "old/a.jsonl": b'{"text": "readable"}\n', "old/b.jsonl.bz2": b"BZh91AY&SY", "bad/x.jsonl": b'{"text": "ok"}\n{oops\n'})
+    _put(bucket, {"hf/dataset_info.json": b"{}", "hf/data-00000-of-00001.arrow": b""})
     for path, message in [(f"{bucket}/crawl/**/*.csv", f"sources.web.path: no files match '{bucket}/crawl/\\*\\*/\\*.csv'"),
                           (f"{bucket}/nowhere", f"sources.web.path: {bucket}/nowhere does not exist"),
                           (f"{bucket}/crawl/old", r"1 file.* b\.jsonl\.bz2.*unknown_files: quarantine"),
+                          (f"{bucket}/hf", f"sources.web.path: {bucket}/hf is a `save_to_disk` folder"),
                           ("nosuchprotocol://x/y.jsonl", "sources.web.path: cannot open 'nosuchprotocol://x/y.jsonl'")]:
         cfg = load_config(None, [], data={"sources": [{"name": "web", "path": path}]})
         with pytest.raises(SourceError, match=message):
