@@ -1,7 +1,8 @@
 """A source in S3 read where it lives (issue 30): ``sources[].path: s3://llmpipe/crawl/**/*`` on a real
 S3-compatible server (moto's ``moto_server``), ingested by a separately started Dask scheduler and two
 workers into an S3 store. The workers open the source URLs themselves (nothing uploaded for them, no
-shared disk), and the ingest artifact holds the bytes of a local run of the same files on disk."""
+shared disk), and the ingest artifact holds the bytes of a local run of the same files on disk, also
+for a file larger than ``ingest.chunk_mb`` (range reads of S3 objects)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _ingest(pattern: str, store: str, state: Path, *overrides: str):
     from llmpipe.config import load_config
     from llmpipe.dag import run_pipeline
 
-    cfg = load_config(None, [f"store={store}", f"state_dir={state}", *overrides],
+    cfg = load_config(None, [f"store={store}", f"state_dir={state}", "ingest.chunk_mb=0.001", *overrides],
                       data={"sources": [{"name": "web", "path": pattern}]})
     (run,) = run_pipeline(cfg, until="ingest")
     return run
@@ -63,6 +64,7 @@ def test_an_s3_source_is_read_by_the_workers_where_it_lives(tmp_path: Path, s3_s
     got = {f[len(base) + 1:]: hashlib.sha256(fs.cat_file(f)).hexdigest()
            for f in fs.find(base) if not f.endswith("/manifest.json")}
     assert got == want and any(k.startswith("shards/") for k in got)
+    assert any("-c0001-" in k for k in got)  # part.jsonl (1.6 kB) was cut at the local run's place
     # the workers read the URLs: no source file went through the store or into a worker's cache
     assert not [p for p in fs.find("llmpipe/store") if "/.tmp-" in p]
     assert not list(cluster.glob("worker-*/.llmpipe/store-cache/ingest/.shared-files"))
