@@ -45,7 +45,8 @@ class SourceConfig(Section):
     """One input: a file, a folder or a glob, in one of the supported formats."""
 
     name: str = Field(min_length=1, description="unique name; part of every document's id and lineage")
-    path: str = Field(min_length=1, description="file, folder or glob (relative to the config's folder); "
+    path: str = Field(min_length=1, description="file, folder or glob (relative to the config's folder), or "
+                      "an fsspec URL of one (s3://bucket/crawl/**/*.jsonl: read where it lives); "
                       "'builtin:tiny' for the shipped corpus")
     format: SourceFormat = Field("auto", description="auto: by extension (.jsonl[.gz|.zst], .parquet, .txt) "
                                  "or a `save_to_disk` folder; text: one doc per file; text_lines: one per line")

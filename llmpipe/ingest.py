@@ -1,7 +1,8 @@
 """The ``ingest`` stage: raw sources → normalized ``Document`` shards, bad records quarantined.
 
 Each source file is one unit of work (and of caching: a nightly refresh that adds files reads only
-the new ones). Every record read ends as a document or as a quarantine line naming ``file:line``
+the new ones). A source given as an fsspec URL is read where it lives: each shard job opens its
+file's URL itself (streaming, :func:`open_source`), whole files per job. Every record read ends as a document or as a quarantine line naming ``file:line``
 and the reason, so ``read = ingested + quarantined`` holds for each file and for the stage; the cut
 tail of a truncated ``.gz``/``.zst`` counts as one quarantined record at the line it reached.
 
@@ -14,13 +15,14 @@ stage carries it on. A UTF-8 byte order mark at the start of a line is stripped.
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import datetime
 import gzip
 import hashlib
 import json
 import math
 import re
-import shutil
 import unicodedata
 import zlib
 from collections import Counter
@@ -42,7 +44,7 @@ from llmpipe.document import (
     write_table,
 )
 from llmpipe.files import link_file
-from llmpipe.sources import UNKNOWN, HashCache, SourceError, source_files
+from llmpipe.sources import UNKNOWN, HashCache, SourceError, is_url, source_files, url_files
 from llmpipe.stage import StageContext, stage
 from llmpipe.store import hash_json
 
@@ -64,10 +66,10 @@ class IngestUnit:
     """
 
     source: str  # the source's name: the documents' ``source`` column, and part of every id
-    path: Path  # the file to read
+    path: Path | str  # the file to read: a local ``Path``, or the ``str`` fsspec URL of a URL source's file
     format: str  # jsonl, parquet, text, text_lines or hf_disk (``auto`` is resolved when planning)
     rel: str  # the file's name inside its source: in ids, shard names and ``metadata["file"]``
-    sha256: str  # the file's content hash
+    sha256: str  # the file's content hash (a URL file's: ``sources.url_identity``, its store's checksum)
     display: str  # how quarantine lines name the file (``<source>:<rel>`` for a built-in corpus)
     prefix: str  # the shard names' start: ``shard_prefix(source, rel)[-c<chunk no>]``
     text_field: str  # the JSON key / column holding the text
@@ -105,8 +107,23 @@ def normalize(text: str, form: str, strip_control: bool) -> str:
     return text
 
 
-def _compression(path: Path) -> str | None:
-    name = path.name.lower()
+def file_name(path: Path | str) -> str:
+    """The last part of a local path or of a URL."""
+    return path.name if isinstance(path, Path) else path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def open_source(path: Path | str) -> BinaryIO:
+    """A source file opened for reading bytes: a local path, or a URL file streamed from where it lives
+    (fsspec reads ahead in blocks; nothing is downloaded whole)."""
+    if isinstance(path, Path):
+        return open(path, "rb")
+    import fsspec
+
+    return fsspec.open(path, "rb").open()
+
+
+def _compression(path: Path | str) -> str | None:
+    name = file_name(path).lower()
     return "gzip" if name.endswith(".gz") else "zstd" if name.endswith(".zst") else None
 
 
@@ -147,7 +164,7 @@ def _stream_cut(kind: str, last_line: int, error: Exception) -> Bad:
     return Bad(f"corrupt {kind} stream {after}: {detail}", kind=f"corrupt {kind} stream")
 
 
-def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]]:
+def _compressed_lines(path: Path | str, kind: str) -> Iterator[tuple[int, bytes | Bad]]:
     """(line number, bytes with their newline) of a compressed file; where the stream stops early
     or is corrupt, a last ``Bad`` at the line it reached stands for the cut tail (whatever part of
     that line was decompressed is dropped with it: a cut line is never taken for a whole one)."""
@@ -156,7 +173,7 @@ def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]
         import zstandard
 
         errors += (zstandard.ZstdError,)
-    with open(path, "rb") as raw:  # outside the try: a file that cannot be opened is no stream error
+    with open_source(path) as raw:  # outside the try: a file that cannot be opened is no stream error
         blocks = _gzip_blocks(raw) if kind == "gzip" else _zstd_blocks(raw)
         no, pending = 1, []  # the pieces of a line that spans blocks (joined once, however long)
         while True:
@@ -180,7 +197,7 @@ def _compressed_lines(path: Path, kind: str) -> Iterator[tuple[int, bytes | Bad]
             yield no, b"".join(pending)
 
 
-def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes | Bad]]:
+def _lines(path: Path | str, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes | Bad]]:
     """(line number, bytes) of a file, or of one chunk ``(start, end, first_line, ...)`` of it; a
     compressed file's cut tail comes as a last ``Bad`` (see ``_compressed_lines``)."""
     if chunk is None:
@@ -188,18 +205,37 @@ def _lines(path: Path, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, byt
         if kind is not None:
             yield from _compressed_lines(path, kind)
             return
-        with open(path, "rb") as raw:
-            yield from enumerate(raw, start=1)
+        with open_source(path) as raw:
+            yield from enumerate(raw, start=1) if isinstance(path, Path) else _block_lines(raw)
         return
     start, end, first_line = chunk[:3]
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         f.seek(start)
         pos = start
-        for no, line in enumerate(f, start=first_line):
+        lines = f if isinstance(path, Path) else (line for _, line in _block_lines(f))
+        for no, line in enumerate(lines, start=first_line):
             if pos >= end:
                 break
             pos += len(line)
             yield no, line
+
+
+def _block_lines(raw: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes with their newline) of a stream read in blocks: a remote file's
+    ``readline`` reads (and copies) a whole read-ahead block per line."""
+    no, pending = 1, []
+    while block := raw.read(_BLOCK):
+        start = 0
+        while (end := block.find(b"\n", start) + 1) > 0:
+            line = block[start:end]
+            if pending:
+                line, pending = b"".join([*pending, line]), []
+            yield no, line
+            no, start = no + 1, end
+        if start < len(block):
+            pending.append(block[start:])
+    if pending:
+        yield no, b"".join(pending)
 
 
 def chunk_bounds(path: Path, n: int) -> list[list[int]]:
@@ -214,16 +250,21 @@ def scan_file(path: Path, n: int, digest: bool = True, block: int = 1 << 20) -> 
     each cut means workers never re-read a prefix to number their lines (nor count their own). The
     hash runs in a thread (hashlib frees the GIL) while this one counts, on two alternating buffers.
     """
+    with open(path, "rb", buffering=0) as f:
+        return _scan(f, path.stat().st_size, n, digest, block)
+
+
+def _scan(f: BinaryIO, size: int, n: int, digest: bool, block: int = 1 << 20) -> tuple[str, list[list[int]]]:
+    """:func:`scan_file` on an open stream of ``size`` bytes (a local file, or a URL file's stream)."""
     import numpy as np
 
-    size = path.stat().st_size
     targets = sorted({size * i // n - 1 for i in range(1, n) if size * i // n > 0})
     starts = {0: 1}  # cut offset -> line number there
     h = hashlib.sha256()
     bufs = (bytearray(block), bytearray(block))
     nl = np.empty(block, dtype=bool)  # numpy counts newlines 5x faster than bytes.count
     pos, line, t, job, turn = 0, 1, 0, None, 0
-    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool:
         while got := f.readinto(bufs[turn]):
             buf = bufs[turn]
             np.equal(np.frombuffer(buf, np.uint8), 10, out=nl)
@@ -284,7 +325,7 @@ except ImportError:  # pragma: no cover
     _orjson = None
 
 
-def read_jsonl(path: Path, text_field: str, id_field: str | None,
+def read_jsonl(path: Path | str, text_field: str, id_field: str | None,
                chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
     """Yield (line number, text or Bad, extra metadata) for each non-blank line; the extra metadata
     is every other field of the record, as it is (nested objects and arrays included)."""
@@ -371,15 +412,17 @@ def _table_records(batches: Iterable[Any], text_field: str, id_field: str | None
             row += 1
 
 
-def read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
-    """Each row's text, with every other column (nested ones too) as metadata."""
+def read_parquet(path: Path | str, text_field: str, id_field: str | None) -> Iterator[tuple[str, Any, dict]]:
+    """Each row's text, with every other column (nested ones too) as metadata; a URL file is read
+    through its fsspec file object (Parquet seeks to its footer and column chunks, no whole download)."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    if text_field not in pf.schema_arrow.names:
-        raise Bad(f"no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
-    batches = pf.iter_batches(batch_size=8192)
-    yield from _table_records(batches, text_field, id_field, lambda i: f"row {i + 1}")
+    with contextlib.nullcontext(path) if isinstance(path, Path) else open_source(path) as f:
+        pf = pq.ParquetFile(f)
+        if text_field not in pf.schema_arrow.names:
+            raise Bad(f"no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+        batches = pf.iter_batches(batch_size=8192)
+        yield from _table_records(batches, text_field, id_field, lambda i: f"row {i + 1}")
 
 
 def _text_line(line: bytes) -> bytes:
@@ -389,7 +432,7 @@ def _text_line(line: bytes) -> bytes:
     return line[len(BOM):] if line.startswith(BOM) else line
 
 
-def read_text(path: Path, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
+def read_text(path: Path | str, per_line: bool) -> Iterator[tuple[str, Any, dict]]:
     """A text file (plain, ``.gz`` or ``.zst``) as one document, or one per non-blank line."""
     if not per_line:
         parts: list[bytes] = []
@@ -436,7 +479,7 @@ def read_hf_disk(path: Path, text_field: str, id_field: str | None) -> Iterator[
                                   (lambda i, s=split: f"{s}[{i}]") if split else (lambda i: f"row {i + 1}"))
 
 
-def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
+def iter_records(path: Path | str, fmt: str, text_field: str, id_field: str | None,
                  chunk: tuple[int, ...] | None = None) -> Iterator[tuple[str, Any, dict]]:
     if fmt == "jsonl":
         return read_jsonl(path, text_field, id_field, chunk)
@@ -445,6 +488,8 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     if fmt in ("text", "text_lines"):
         return read_text(path, per_line=fmt == "text_lines")
     if fmt == "hf_disk":
+        if not isinstance(path, Path):
+            raise Bad("a save_to_disk folder is read from a local path only", kind="unsupported format")
         return read_hf_disk(path, text_field, id_field)
     if fmt == UNKNOWN:
         raise Bad("unknown file type: its name does not tell the format (set sources[].format or narrow "
@@ -452,12 +497,15 @@ def iter_records(path: Path, fmt: str, text_field: str, id_field: str | None,
     raise Bad(f"unsupported format {fmt!r}")
 
 
-def _chunk_bytes(path: Path, chunk: tuple[int, ...] | None) -> tuple[bytes, int, int]:
+def _chunk_bytes(path: Path | str, chunk: tuple[int, ...] | None,
+                 limit: int | None = None) -> tuple[bytes, int, int] | None:
     """The bytes of a file or of one chunk (see ``chunk_bounds``), its first line number and its
-    number of lines."""
-    with open(path, "rb") as f:
+    number of lines; None when a whole file holds more than ``limit`` bytes."""
+    with open_source(path) as f:
         if chunk is None:
-            data = f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+            if limit is not None and len(data) > limit:
+                return None
             newlines = data.count(b"\n")
         else:
             f.seek(chunk[0])
@@ -500,9 +548,14 @@ def fast_jsonl(job: IngestJob, out: Path) -> dict[str, Any] | None:
 
     unit, cfg = job.unit, job.config
     path, text_field = unit.path, unit.text_field
-    if unit.format != "jsonl" or path.name.lower().endswith((".gz", ".zst")):
+    if unit.format != "jsonl" or _compression(path) is not None:
         return None
-    data, first_line, n_lines = _chunk_bytes(path, unit.chunk)
+    # a URL file is never cut in chunks (its line numbers would need a scan of it on the driver): one
+    # larger than a chunk goes to the line loop, which streams it, instead of into memory whole
+    got = _chunk_bytes(path, unit.chunk, None if isinstance(path, Path) else int(cfg.chunk_mb * (1 << 20)))
+    if got is None:
+        return None
+    data, first_line, n_lines = got
     if data.startswith(BOM):  # as the line loop does; a BOM at a later line's start fails Arrow's parse
         data = data[len(BOM):]
     if not data or b"\r" in data:
@@ -729,11 +782,63 @@ def _orig_id_tokens(col: Any, key: str, data: bytes) -> Any:
 
 def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
     """Read one source file (or chunk) into shards under ``out/shards``; quarantine what cannot be read."""
+    if isinstance(job.unit.path, str) and job.unit.chunk is None:
+        bounds = _url_chunks(job.unit.path, job.unit.format, job.config.chunk_mb)
+        if len(bounds) > 1:
+            return _ingest_url_chunks(job, out, bounds)
+    stats, quarantine = _ingest_unit(job, out)
+    if quarantine:
+        out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
+        (out / "quarantine.jsonl").write_text(
+            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
+    return stats
+
+
+def _url_chunks(url: str, fmt: str, chunk_mb: float) -> list[list[int]]:
+    """The chunk bounds a local run cuts the same file into (``[]``: not cut). Found by the shard job
+    in one streamed read of the file, not by the planner (which would read every file on the driver)."""
+    if fmt != "jsonl" or _compression(url) is not None:
+        return []
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(url)
+    size = fs.size(p)
+    n = max(1, math.ceil(size / (chunk_mb * (1 << 20))))
+    if n == 1:
+        return []
+    with open_source(url) as f:
+        return _scan(f, size, n, digest=False)[1]
+
+
+def _ingest_url_chunks(job: IngestJob, out: Path, bounds: list[list[int]]) -> dict[str, Any]:
+    """A URL file larger than a chunk: each chunk read (by range) and written as a local run's chunk job
+    writes it (``<prefix>-c<i>-<k>.parquet``), one after the other, so the shards are the local run's
+    and the memory held is a chunk's."""
+    totals: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    quarantine: list[dict[str, Any]] = []
+    for i, b in enumerate(bounds):
+        unit = dataclasses.replace(job.unit, chunk=tuple(b), prefix=f"{job.unit.prefix}-c{i:04d}")
+        stats, q = _ingest_unit(dataclasses.replace(job, unit=unit), out)
+        quarantine += q
+        reasons.update(stats["reasons"])
+        totals.update({k: v for k, v in stats.items() if k in ("read", "ingested", "quarantined", "sampled_out")})
+    if quarantine:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "quarantine.jsonl").write_text(
+            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
+    return {"read": totals["read"], "ingested": totals["ingested"], "quarantined": totals["quarantined"],
+            "reasons": dict(reasons), **_sampled_out(job.config, totals["sampled_out"])}
+
+
+def _ingest_unit(job: IngestJob, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One unit's stats and quarantine lines; its shards written under ``out/shards``."""
     if job.fast:
         fast = fast_jsonl(job, out)
         if fast is not None:
-            return fast
-        shutil.rmtree(out / SHARDS, ignore_errors=True)
+            return fast, []
+        for f in (out / SHARDS).glob(f"{job.unit.prefix}-*.parquet"):  # a declined fast path's part
+            f.unlink()
     unit, cfg = job.unit, job.config
     rel, where = unit.rel, unit.display
     reasons: Counter[str] = Counter()
@@ -778,12 +883,8 @@ def ingest_file(job: IngestJob, out: Path) -> dict[str, Any]:
         reasons["unreadable file"] += 1
         quarantine.append({"where": where, "reason": f"unreadable file: {type(e).__name__}: {e}"})
     flush()
-    if quarantine:
-        out.mkdir(parents=True, exist_ok=True)  # a file with no document has no shards folder either
-        (out / "quarantine.jsonl").write_text(
-            "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in quarantine))
     return {"read": read, "ingested": written, "quarantined": len(quarantine), "reasons": dict(reasons),
-            **_sampled_out(cfg, sampled_out)}
+            **_sampled_out(cfg, sampled_out)}, quarantine
 
 
 def _import_for_workers() -> None:
@@ -881,7 +982,7 @@ def _slug(rel: str) -> str:
 
 def _n_chunks(path: Path, fmt: str, chunk_mb: float) -> int:
     """Big uncompressed JSONL files are cut into byte ranges so that several workers share one file."""
-    if fmt != "jsonl" or path.name.lower().endswith((".gz", ".zst")) or not path.is_file():
+    if fmt != "jsonl" or _compression(path) is not None or not path.is_file():
         return 1
     return max(1, math.ceil(path.stat().st_size / (chunk_mb * (1 << 20))))
 
@@ -905,13 +1006,13 @@ def _hash_and_cut(cache: HashCache, path: Path, fmt: str, chunk_mb: float) -> tu
     return digest, bounds
 
 
-def _file_units(src: SourceConfig, path: Path, fmt: str, rel: str, digest: str, bounds: list[list[int]],
+def _file_units(src: SourceConfig, path: Path | str, fmt: str, rel: str, digest: str, bounds: list[list[int]],
                 source_key: str) -> list[IngestUnit]:
     """The units of one file: the whole file, or one per chunk when it was cut in more than one."""
     chunks: list[tuple[int, ...] | None] = [tuple(b) for b in bounds] if len(bounds) > 1 else [None]
     prefix = shard_prefix(src.name, rel)
     display = f"{src.name}:{rel}" if src.path.startswith("builtin:") else str(path)
-    return [IngestUnit(source=src.name, path=Path(path), format=fmt, rel=rel, sha256=digest, display=display,
+    return [IngestUnit(source=src.name, path=path, format=fmt, rel=rel, sha256=digest, display=display,
                        prefix=prefix if chunk is None else f"{prefix}-c{i:04d}", text_field=src.text_field,
                        id_field=src.id_field, source_key=source_key, chunk=chunk)
             for i, chunk in enumerate(chunks)]
@@ -923,8 +1024,12 @@ def plan_inputs(pipeline: Any, state_dir: Path) -> tuple[list[IngestUnit], dict[
     units: list[IngestUnit] = []
     keys: dict[str, str] = {}
     for src in pipeline.sources:
-        files = [(path, fmt, rel, *_hash_and_cut(cache, path, fmt, pipeline.ingest.chunk_mb))
-                 for path, fmt, rel in source_files(src, pipeline.base_dir(), state_dir)]
+        if is_url(src.path):  # listed where it lives; whole files per job (no byte-range chunks)
+            files: list[tuple[Any, str, str, str, list[list[int]]]] = [
+                (url, fmt, rel, ident, []) for url, fmt, rel, ident in url_files(src)]
+        else:
+            files = [(path, fmt, rel, *_hash_and_cut(cache, Path(path), fmt, pipeline.ingest.chunk_mb))
+                     for path, fmt, rel in source_files(src, pipeline.base_dir(), state_dir)]
         key = keys[f"source:{src.name}"] = hash_json([(rel, fmt, digest) for _, fmt, rel, digest, _ in files])
         for path, fmt, rel, digest, bounds in files:
             units += _file_units(src, path, fmt, rel, digest, bounds, key)

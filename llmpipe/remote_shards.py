@@ -15,7 +15,8 @@ instead, and on the worker :func:`localize` maps each driver path to the worker'
 * a file on the driver's disk outside the store that a job names by a ``Path`` (ingest's source
   files) is uploaded to ``<url>/<stage>/.tmp-files-*/<its absolute path>`` while the stage's jobs run
   and downloaded once per worker folder; a ``Path`` the driver does not have as a file (a folder, a
-  path on a mount every host shares) goes to the job unchanged.
+  path on a mount every host shares) goes to the job unchanged, and so does a source given as a URL
+  (a ``str``: the job opens it where it lives).
 
 A cached shard's result is written on the worker as on the driver (temporary sibling, then rename),
 uploaded file by file with ``_DONE.json`` last, and the driver downloads the shard folders the stage

@@ -4,6 +4,10 @@ A source's key is the hash of its files' (relative path, sha256) pairs, so movin
 the cache and touching a file does not fool it. Hashing a large corpus on every run would be slow,
 so a per-machine cache remembers each file's (size, mtime) → sha256: a file whose size and mtime
 are unchanged is not re-read (the fast path); anything else is hashed again.
+
+A source given as an fsspec URL (``s3://bucket/crawl/**/*.jsonl``) is listed where it lives and never
+downloaded by the planner: a file's content identity is the store's own checksum from the listing (see
+:func:`url_identity`), and the shard jobs open the URL themselves (``ingest.open_source``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import glob as _glob
 import json
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +30,18 @@ _JSONL_EXT = tuple(e + c for e in (".jsonl", ".json", ".ndjson") for c in _COMPR
 _PARQUET_EXT = (".parquet", ".pq")
 UNKNOWN = "unknown"  # the format of a file whose type its name does not tell (quarantined, by config)
 _lock = threading.Lock()
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(://|::)")  # s3://..., memory://..., simplecache::s3://...
+# A listing's content checksum, by filesystem: s3fs and adlfs (ETag), gcsfs (md5Hash, crc32c)
+_CHECKSUM_KEYS = ("ETag", "etag", "md5Hash", "crc32c")
 
 
 class SourceError(ValueError):
     pass
+
+
+def is_url(path: str) -> bool:
+    """Whether a source path is an fsspec URL (``s3://bucket/crawl/``, ``memory://x``), not a local path."""
+    return _URL.match(path) is not None
 
 
 def detect_format(path: Path, declared: str) -> str:
@@ -38,18 +51,28 @@ def detect_format(path: Path, declared: str) -> str:
         if (path / "dataset_info.json").is_file() or (path / "state.json").is_file():
             return "hf_disk"
         return "folder"
-    name = path.name.lower()
+    return format_of_name(path.name, str(path), declared)
+
+
+def format_of_name(name: str, where: str, declared: str = "auto") -> str:
+    """A file's format from its name (``.jsonl[.gz|.zst]``, ``.parquet``, ``.txt``...), or the declared one."""
+    if declared != "auto":
+        return declared
+    name = name.lower()
     if name.endswith(_JSONL_EXT):
         return "jsonl"
     if name.endswith(_PARQUET_EXT):
         return "parquet"
     if name.endswith(_TEXT_EXT):
         return "text"
-    raise SourceError(f"{path}: cannot tell the format from the name; set format in the source config")
+    raise SourceError(f"{where}: cannot tell the format from the name; set format in the source config")
 
 
-def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path, str, str]]:
-    """The files of a source as (path, format, relative name), in a stable order."""
+def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path | str, str, str]]:
+    """The files of a source as (path, format, relative name), in a stable order; a URL source's
+    files come as URL strings (see :func:`url_files`), a local one's as ``Path``."""
+    if is_url(src.path):
+        return [(url, fmt, rel) for url, fmt, rel, _ in url_files(src)]
     if src.path.startswith(BUILTIN_PREFIX):
         from llmpipe.data.builtin_corpus import materialize
 
@@ -62,16 +85,99 @@ def source_files(src: Any, base_dir: Path, state_dir: Path) -> list[tuple[Path, 
         if not files:
             raise SourceError(f"sources.{src.name}.path: no files match {src.path!r}")
         root = glob_root(raw)  # of the pattern as written: the config's folder may hold '[' itself
-        return _typed(src, root if root.is_absolute() else base_dir / root, files)
+        root = root if root.is_absolute() else base_dir / root
+        return _typed(src, root, [(p, p.relative_to(root).as_posix()) for p in files])
     if not path.exists():
         raise SourceError(f"sources.{src.name}.path: {path} does not exist")
     fmt = detect_format(path, src.format)
     if path.is_file() or fmt == "hf_disk":
         return [(path, fmt, path.name)]
-    out = _typed(src, path, sorted(p for p in path.glob(src.glob) if p.is_file() and not p.name.startswith(".")))
-    if not any(fmt != UNKNOWN for _, fmt, _ in out):
-        raise SourceError(f"sources.{src.name}.path: {path} holds no readable files")
-    return out
+    found = sorted(p for p in path.glob(src.glob) if p.is_file() and not p.name.startswith("."))
+    return _readable(src, path, _typed(src, path, [(p, p.relative_to(path).as_posix()) for p in found]))
+
+
+def _readable(src: Any, where: Any, files: list[Any]) -> list[Any]:
+    """A folder's files, refused when none of them is of a type ingest reads."""
+    if not any(f[1] != UNKNOWN for f in files):
+        raise SourceError(f"sources.{src.name}.path: {where} holds no readable files")
+    return files
+
+
+def url_files(src: Any) -> list[tuple[str, str, str, str]]:
+    """The files of a URL source as (URL, format, relative name, content identity), listed in one go.
+
+    As for local paths: a glob's files are named under its fixed prefix (:func:`glob_root`), a folder's
+    under the folder (``src.glob`` inside it), a single file by its name; so the same files give the
+    same names, ids and shards under a URL as on the local disk.
+    """
+    import fsspec
+
+    where = f"sources.{src.name}.path"
+    try:
+        fs, path = fsspec.core.url_to_fs(src.path)
+    except (ImportError, ValueError) as e:  # an unknown protocol, or its package not installed
+        raise SourceError(f"{where}: cannot open {src.path!r}: {e}") from e
+    fs.invalidate_cache()  # a listing cached by this long-lived process would hide new uploads and ETags
+    if any(c in src.path for c in "*?["):
+        root = _url_glob_root(src.path)
+        listing = fs.glob(path, detail=True)
+        if not any(info.get("type") == "file" for info in listing.values()):
+            raise SourceError(f"{where}: no files match {src.path!r}")
+        return _url_typed(src, fs, root, listing)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise SourceError(f"{where}: {src.path} does not exist") from None
+    if info.get("type") != "directory":
+        name = src.path.rstrip("/").rsplit("/", 1)[-1]
+        return [(src.path, format_of_name(name, src.path, src.format), name, url_identity(fs, path, info))]
+    base = path.rstrip("/")
+    if src.format in ("auto", "hf_disk") and any(fs.isfile(f"{base}/{m}") for m in ("dataset_info.json", "state.json")):
+        raise SourceError(f"{where}: {src.path} is a `save_to_disk` folder: ingest reads those from a local path "
+                          "only (copy it down, or export it as Parquet)")
+    listing = fs.glob(f"{base}/{src.glob}", detail=True)
+    listing = {p: info for p, info in listing.items() if not p.rsplit("/", 1)[-1].startswith(".")}
+    return _readable(src, src.path, _url_typed(src, fs, src.path.rstrip("/"), listing))
+
+
+def _url_glob_root(pattern: str) -> str:
+    """A URL glob's fixed prefix (``s3://b/crawl/**/*.jsonl`` -> ``s3://b/crawl``), as :func:`glob_root`."""
+    parts = pattern.split("/")
+    fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+    return "/".join(parts[:fixed])
+
+
+def _url_typed(src: Any, fs: Any, root: str, listing: dict[str, dict]) -> list[tuple[str, str, str, str]]:
+    """(URL, format, name under ``root``, identity) of each file of a listing, sorted by name."""
+    import fsspec
+
+    base = fsspec.core.url_to_fs(root)[1].rstrip("/") + "/"
+    files = []
+    for p, info in listing.items():
+        if info.get("type") != "file":
+            continue
+        if not p.startswith(base):
+            raise SourceError(f"sources.{src.name}.path: {p} is not under {root}")
+        rel = p[len(base):]
+        files.append((f"{root}/{rel}", rel, url_identity(fs, p, info)))
+    files.sort(key=lambda f: f[1])
+    typed = _typed(src, root, [(url, rel) for url, rel, _ in files])
+    return [(url, fmt, rel, ident) for (url, fmt, rel), (_, _, ident) in zip(typed, files, strict=True)]
+
+
+def url_identity(fs: Any, path: str, info: dict[str, Any]) -> str:
+    """What stands for a remote file's sha256 in ingest's keys, taken without reading the file.
+
+    The listing's content checksum where the filesystem has one (S3's ``ETag``: the MD5 of a
+    single-part object, a hash of the parts' MD5s for a multipart one; GCS's ``md5Hash``), else
+    ``fs.checksum`` (fsspec's token of ``fs.info``: size and modified time), with the size. A new
+    upload changes it, so a changed file is read again and the others are not; hashing every byte
+    on the driver would download the corpus the workers are about to stream.
+    """
+    tag = next((f"{k}:{info[k]}" for k in _CHECKSUM_KEYS if info.get(k)), None)
+    if tag is None:
+        tag = f"checksum:{fs.checksum(path)}"
+    return "fsspec:" + hash_json([tag, info.get("size")])
 
 
 def glob_root(pattern: Path) -> Path:
@@ -83,15 +189,14 @@ def glob_root(pattern: Path) -> Path:
     return Path(*parts[:fixed]) if fixed else Path(".")
 
 
-def _typed(src: Any, root: Path, files: list[Path]) -> list[tuple[Path, str, str]]:
-    """(path, format, name under ``root``) of each file. A file whose type the name does not tell is an
-    error naming every such file, or (``unknown_files: quarantine``) kept with format ``UNKNOWN`` so
-    that ingest quarantines it with the reason: never skipped without a word."""
+def _typed(src: Any, root: Any, files: list[tuple[Any, str]]) -> list[tuple[Any, str, str]]:
+    """(path, format, name under ``root``) of each (path or URL, name under ``root``). A file whose type
+    the name does not tell is an error naming every such file, or (``unknown_files: quarantine``) kept
+    with format ``UNKNOWN`` so that ingest quarantines it with the reason: never skipped without a word."""
     out, unknown = [], []
-    for p in files:
-        rel = p.relative_to(root).as_posix()
+    for p, rel in files:
         try:
-            out.append((p, detect_format(p, src.format), rel))
+            out.append((p, format_of_name(rel.rsplit("/", 1)[-1], str(p), src.format), rel))
         except SourceError:
             unknown.append(rel)
             out.append((p, UNKNOWN, rel))

@@ -144,9 +144,25 @@ def source_mtimes(pipeline: Any) -> dict[str, str]:
         if src.path.startswith(BUILTIN_PREFIX):
             continue
         for path, _fmt, rel in source_files(src, pipeline.base_dir(), state):
-            stamp = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.timezone.utc).date()
-            out[file_key(src.name, rel)] = stamp.isoformat()
+            stamp = _modified(path)
+            if stamp is not None:
+                out[file_key(src.name, rel)] = stamp.isoformat()
     return out
+
+
+def _modified(path: Any) -> dt.date | None:
+    """A local file's mtime, or a URL file's modified time as its filesystem reports it (None where
+    it keeps none: the file's documents are then dated by their metadata and text only)."""
+    if not isinstance(path, str):
+        return dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.timezone.utc).date()
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(path)
+    try:
+        stamp = fs.modified(p)
+    except (NotImplementedError, KeyError):
+        return None
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.timezone.utc)).astimezone(dt.timezone.utc).date()
 
 
 def score_shard(shard: str, payload: tuple[Any, dict[str, str]]) -> list[dict[str, Any]]:
