@@ -82,3 +82,28 @@ def test_a_failed_send_breaks_only_its_stream() -> None:
     outbox.put(a, sa, _tokens("z", 3), FINAL)  # dropped: its stream broke
     outbox.close()
     assert broken == [a] and a.broken and [r for _, r, _ in log] == [("y", [2])]
+
+
+def test_a_running_streams_next_tokens_linger_and_leave_together_but_its_first_token_does_not_wait() -> None:
+    release, log = threading.Event(), []
+    release.set()
+    times: list[float] = []
+
+    def on_send(stream: Any, tokens: bool, flags: int) -> None:
+        stream.responses += tokens
+        times.append(time.monotonic())
+
+    outbox = Outbox(on_broken=lambda s: None, respond=lambda text, ids: (text, ids), on_send=on_send, linger_s=0.4)
+    a, sa = _Stream(), _Sender(release, log)
+    a.responses = 0  # type: ignore[attr-defined]
+    put_at = time.monotonic()
+    outbox.put(a, sa, _tokens("he", 10), 0)
+    while not log and time.monotonic() < put_at + 5:
+        time.sleep(0.005)
+    assert times[0] - put_at < 0.2  # a first token leaves at once
+    for i, piece in enumerate(["ll", "o", " w"]):
+        outbox.put(a, sa, _tokens(piece, 11 + i), 0)
+    outbox.put(a, sa, _tokens("orld", 14), FINAL)
+    outbox.close()
+    assert [(r, f) for _, r, f in log] == [(("he", [10]), 0), (("llo world", [11, 12, 13, 14]), FINAL)]
+    assert times[1] - times[0] >= 0.35  # the next ones waited for the linger, then left as one response
