@@ -642,14 +642,16 @@ class Outbox:
     Every response costs a round trip here, a gRPC message in the server and an event in the API, in
     the processes that share the cores with decoding: with 8 streams they took more CPU than the
     decode steps (0.5 ms of the model's process per token against 0.27 ms for decoding alone). A
-    first token never waits (TTFT); a later one waits at most ``linger_s``, and a client's mean gap
-    between tokens is unchanged (the same tokens arrive in fewer, fuller events).
+    first token, a last one or an error ends a linger under way (``wake``), so it never waits for
+    one (TTFT); a later token waits at most ``linger_s``, and a client's mean gap between tokens is
+    unchanged (the same tokens arrive in fewer, fuller events).
     """
 
     def __init__(self, on_broken: Callable[[Any], None], respond: Callable[[str, list[int]], Any],
                  on_send: Callable[[Any, bool, int], None] | None = None, linger_s: float = 0.0) -> None:
         self.on_broken, self.respond, self.on_send, self.linger_s = on_broken, respond, on_send, linger_s
         self.round_at = 0.0  # when the last send round began (time.monotonic)
+        self.wake = threading.Event()  # set by a send that must not wait: it ends the linger
         self.queue: queue.Queue[tuple[Any, Any, Any, int]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="llmpipe-outbox", daemon=True)
         self.thread.start()
@@ -657,13 +659,17 @@ class Outbox:
     def put(self, stream: Any, sender: Any, response: Any, flags: int) -> None:
         """``stream``: an object with a ``broken`` flag (set here when a send fails); ``response``: a
         response, :class:`Tokens`, or None (flags only)."""
-        self.queue.put((stream, sender, response, flags))
+        item = (stream, sender, response, flags)
+        self.queue.put(item)
+        if not _can_wait(item):
+            self.wake.set()
 
     def _run(self) -> None:
         while True:
             waiting = [self.queue.get()]
             if self.linger_s > 0 and _can_wait(waiting[0]):
-                time.sleep(max(0.0, self.round_at + self.linger_s - time.monotonic()))
+                self.wake.wait(max(0.0, self.round_at + self.linger_s - time.monotonic()))
+            self.wake.clear()  # what set it is queued: the drain below takes it
             self.round_at = time.monotonic()
             while True:  # everything queued meanwhile: one stream's tokens among it merge
                 try:
