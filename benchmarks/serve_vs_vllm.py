@@ -22,7 +22,8 @@ a warm-up; output tokens per second are the answers' ``usage.completion_tokens``
 latency; then each engine's medians over the rounds; the last line: the median of our tokens/s ÷ the
 median of vLLM's. Without vLLM the script says so and exits 2.
 
-    .venv/bin/python benchmarks/serve_vs_vllm.py [--rounds 3] [--requests 128] [--clients 8] [--max-tokens 64] [--quick]
+    .venv/bin/python benchmarks/serve_vs_vllm.py [--rounds 3] [--requests 128] [--clients 8] [--max-tokens 64]
+        [--stream-linger-ms 8] [--quick]
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="compute threads of each engine")
+    ap.add_argument("--stream-linger-ms", type=float, default=DeployConfig().stream_linger_ms,
+                    help="our streaming model's deploy.stream_linger_ms (0: a response per token as it comes)")
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (not a figure)")
     args = ap.parse_args()
     if args.quick:
@@ -128,7 +131,8 @@ def main() -> None:
         tmp = Path(name)
         ckpt = make_tiny_checkpoint(tmp / "ckpt", hidden=args.hidden, layers=args.layers)
         repo = tmp / "repo"
-        write_model_repository(ckpt, repo, DeployConfig(model_name=MODEL, max_tokens_limit=max(64, args.max_tokens)), 1)
+        write_model_repository(ckpt, repo, DeployConfig(model_name=MODEL, max_tokens_limit=max(64, args.max_tokens),
+                                                     stream_linger_ms=args.stream_linger_ms), 1)
         urls = {"ours": servers.enter_context(ours(repo, tmp, args)),
                 "vllm": servers.enter_context(vllm(repo, tmp, args))}
         for r in range(args.rounds):
