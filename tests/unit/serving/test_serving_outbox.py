@@ -125,7 +125,8 @@ def test_a_new_streams_first_token_ends_a_linger_under_way() -> None:
     a, b, sa, sb = _Stream(), _Stream(), _Sender(release, log), _Sender(release, log)
     a.responses = b.responses = 0  # type: ignore[attr-defined]
     outbox.put(a, sa, _tokens("he", 10), 0)
-    while not log:
+    started = time.monotonic()
+    while not log and time.monotonic() < started + 5:
         time.sleep(0.005)
     outbox.put(a, sa, _tokens("ll", 11), 0)  # lingers: a had its first response
     time.sleep(0.2)
