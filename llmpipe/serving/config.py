@@ -50,8 +50,11 @@ class DeployConfig(Section):
                              "(Triton's queue) or for a row of the streaming model's running batch; more are "
                              "refused at once as overloaded (HTTP 429 through the OpenAI API)")
     streaming: bool = Field(True, description="also write the streaming model `<model_name>_stream` (decoupled: "
-                            "a response per new token, or per few when the sends fall behind, over gRPC streaming and HTTP "
+                            "a response per new token, or per few (stream_linger_ms, or when the sends fall behind), over gRPC streaming and HTTP "
                             "generate_stream); Python backend")
+    stream_linger_ms: float = Field(8.0, ge=0, le=1000, description="the streaming model sends a running stream's "
+                                    "next tokens at most this often, together (its first token at once): each "
+                                    "response costs CPU in the model, the server and the API; 0: as they come")
     max_prompt_tokens: int = Field(512, ge=1)
     max_tokens_limit: int = Field(256, ge=1)
     default_max_tokens: int = Field(16, ge=1)

@@ -82,3 +82,61 @@ def test_a_failed_send_breaks_only_its_stream() -> None:
     outbox.put(a, sa, _tokens("z", 3), FINAL)  # dropped: its stream broke
     outbox.close()
     assert broken == [a] and a.broken and [r for _, r, _ in log] == [("y", [2])]
+
+
+def test_a_running_streams_next_tokens_linger_and_leave_together_but_its_first_token_does_not_wait() -> None:
+    release, log = threading.Event(), []
+    release.set()
+    times: list[float] = []
+
+    def on_send(stream: Any, tokens: bool, flags: int) -> None:
+        stream.responses += tokens
+        times.append(time.monotonic())
+
+    outbox = Outbox(on_broken=lambda s: None, respond=lambda text, ids: (text, ids), on_send=on_send, linger_s=0.4)
+    a, sa = _Stream(), _Sender(release, log)
+    a.responses = 0  # type: ignore[attr-defined]
+    put_at = time.monotonic()
+    outbox.put(a, sa, _tokens("he", 10), 0)
+    while not log and time.monotonic() < put_at + 5:
+        time.sleep(0.005)
+    assert times[0] - put_at < 0.2  # a first token leaves at once
+    for i, piece in enumerate(["ll", "o", " w"]):
+        outbox.put(a, sa, _tokens(piece, 11 + i), 0)
+    while len(log) < 2 and time.monotonic() < put_at + 5:
+        time.sleep(0.005)
+    assert times[1] - times[0] >= 0.35  # the next ones waited for the linger, then left as one response
+    outbox.put(a, sa, _tokens("orld", 14), FINAL)  # a last token ends a linger: sent at once
+    outbox.close()
+    assert [(r, f) for _, r, f in log] == [(("he", [10]), 0), (("llo w", [11, 12, 13]), 0), (("orld", [14]), FINAL)]
+    assert times[2] - times[1] < 0.35
+
+
+def test_a_new_streams_first_token_ends_a_linger_under_way() -> None:
+    release, log = threading.Event(), []
+    release.set()
+    times: list[float] = []
+
+    def on_send(stream: Any, tokens: bool, flags: int) -> None:
+        stream.responses += tokens
+        times.append(time.monotonic())
+
+    outbox = Outbox(on_broken=lambda s: None, respond=lambda text, ids: (text, ids), on_send=on_send, linger_s=5.0)
+    a, b, sa, sb = _Stream(), _Stream(), _Sender(release, log), _Sender(release, log)
+    a.responses = b.responses = 0  # type: ignore[attr-defined]
+    outbox.put(a, sa, _tokens("he", 10), 0)
+    started = time.monotonic()
+    while not log and time.monotonic() < started + 5:
+        time.sleep(0.005)
+    outbox.put(a, sa, _tokens("ll", 11), 0)  # lingers: a had its first response
+    time.sleep(0.2)
+    put_at = time.monotonic()
+    outbox.put(b, sb, _tokens("x", 20), 0)  # b's first token: sent now, a's waiting tokens with it
+    while len(log) < 3 and time.monotonic() < put_at + 5:
+        time.sleep(0.005)
+    assert times[-1] - put_at < 1.0
+    outbox.put(a, sa, _tokens("o", 12), FINAL)
+    outbox.put(b, sb, _tokens("y", 21), FINAL)
+    outbox.close()
+    assert sorted((r, f) for _, r, f in log) == sorted([(("he", [10]), 0), (("ll", [11]), 0), (("x", [20]), 0),
+                                                        (("o", [12]), FINAL), (("y", [21]), FINAL)])

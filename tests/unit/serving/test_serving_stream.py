@@ -28,8 +28,10 @@ PROMPTS = ["the quick brown fox", "héllo wörld, numbers 12345", "once upon a t
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[srv.TritonServer]:
+    # token by token (no linger): these tests watch each token leave; deploy.stream_linger_ms's sends are
+    # test_serving_outbox's, and the OpenAI API's tests run with its default
     cfg = DeployConfig(model_name=MODEL, max_prompt_tokens=48, max_tokens_limit=64, max_queue_delay_us=2000,
-                       response_cache=True)
+                       response_cache=True, stream_linger_ms=0)
     repo = tmp_path_factory.mktemp("repo")
     write_model_repository(tiny_checkpoint, repo, cfg, 1)
     with srv.serve(repo) as s:
