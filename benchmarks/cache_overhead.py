@@ -94,21 +94,26 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         # ingest..quality on a tenth of the corpus: every step of the script (server, cold run, rerun, bare
-        # flow, temporary server) at its smallest; the suite's caching tests cover every stage's reuse
+        # flow, temporary server) at its smallest; the suite's caching tests cover every stage's reuse.
+        # Under the test suite the server is its session's one (PREFECT_API_URL), started the same way
         args.reruns = 1
         args.overrides = ["ingest.sample=0.1", *args.overrides, "--flow", "data_refresh", "--until", "quality"]
     from flows import prefect_ops
     from llmpipe.processes import free_port
 
+    shared = os.environ.get("PREFECT_API_URL") if args.quick else None
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         base_env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"),
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         base_env.pop("PREFECT_API_URL", None)
-        port = free_port()
-        server = prefect_ops.start_server(tmp / "server-state", port=port, timeout=300,
-                                  extra_env={"PREFECT_HOME": str(tmp / "server-home")})
-        env = {**base_env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        server, url = None, shared
+        if url is None:
+            port = free_port()
+            server = prefect_ops.start_server(tmp / "server-state", port=port, timeout=300,
+                                              extra_env={"PREFECT_HOME": str(tmp / "server-home")})
+            url = f"http://127.0.0.1:{port}/api"
+        env = {**base_env, "PREFECT_API_URL": url}
         try:
             cold, cold_cpu, out = cli_run(tmp, env, args.overrides)
             print(out)
@@ -125,7 +130,8 @@ def main() -> None:
                 bare.append(bare_run(tmp, env, stages))
             print(out)
         finally:
-            server.stop()
+            if server is not None:
+                server.stop()
         temp_server, temp_cpu, _ = cli_run(tmp, base_env, args.overrides)
     rerun, rerun_cpu = statistics.median(s for s, _ in reruns), statistics.median(c for _, c in reruns)
     print(f"cold lifecycle (server up):                  {cold:7.1f} s  (CPU {cold_cpu:.1f} s)")

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,46 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh project folder as the working directory (store and state land under it)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """ONE real Prefect server for the session (``prefect server start``, as ``llmpipe server`` runs it):
+    every flow run of a test that asks for it, in this process or in a subprocess, talks to it.
+
+    Without it each ``llmpipe run`` (and this process's first flow) starts Prefect's temporary server:
+    a no-change tiny rerun is ~37 s with one and ~6 s with a server up. The server listens on a free
+    port of 127.0.0.1, keeps its SQLite database and home in a tmp folder, and is a ManagedProcess (its
+    own process group, stopped whole at session end; spawn() hands it to the watchdog, which ends it if
+    pytest is killed).
+    ``PREFECT_API_URL`` goes into ``os.environ`` (subprocesses inherit it) and into this process's
+    Prefect settings (read when Prefect was imported, so ``temporary_settings``). A run WITHOUT a
+    server is still tested: the shared cold lifecycle run (tests/e2e/test_lifecycle.py), the killed
+    temporary-server run (tests/e2e/test_no_survivors.py), and ``make run`` in CI."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import prefect_ops
+    from llmpipe.processes import free_port
+
+    root = tmp_path_factory.mktemp("prefect-session")
+    port = free_port()
+    server = prefect_ops.start_server(root / "state", port=port, log_path=root / "server.log", timeout=240,
+                                      extra_env={"PREFECT_HOME": str(root / "home"),
+                                                 "PREFECT_API_DATABASE_CONNECTION_URL":
+                                                     f"sqlite+aiosqlite:///{root / 'prefect.db'}"})
+    url = f"http://127.0.0.1:{port}/api"
+    old = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    finally:
+        if old is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = old
+        server.stop(grace=10)
+        assert not server.leftovers(), f"the session's Prefect server left processes: {server.leftovers()}"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

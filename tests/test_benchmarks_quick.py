@@ -56,6 +56,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
 }
 GPU_ONLY = ("gpu/run.sh",)
 # scripts whose quick run needs a session fixture, so it lives beside that fixture's tests
+USES_PREFECT_SERVER = {"cache_overhead.py"}  # their --quick runs flows on the server PREFECT_API_URL names
 QUICK_ELSEWHERE = {"eval_harness.py": "tests/unit/evaluation/test_eval_harness_benchmark.py"}  # the toy model
 
 
@@ -82,8 +83,10 @@ def _last_line(out: str) -> str:
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=m) for s, (_t, m) in sorted(QUICK.items())])
-def test_quick_run_prints_its_result_line(script: str) -> None:
+def test_quick_run_prints_its_result_line(script: str, request: pytest.FixtureRequest) -> None:
     timeout = QUICK[script][0]
+    if script in USES_PREFECT_SERVER:  # the session's server (PREFECT_API_URL) instead of one of its own
+        request.getfixturevalue("prefect_api")
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     r = subprocess.run([sys.executable, str(BENCH / script), "--quick"], cwd=ROOT, env=env, capture_output=True,

@@ -1,9 +1,10 @@
 """A real Prefect server and process worker for end-to-end tests, with state in a temporary folder.
 
-The server listens on a free port of 127.0.0.1 with its SQLite database under the test's tmp dir;
-the worker polls the ``llmpipe-process`` pool. Teardown stops both by PID (a background worker
-ignores the first SIGTERM: ManagedProcess sends a second, then SIGKILLs the process group and
-every descendant) and fails the test if any of their processes is left running.
+The server is the session's one (``prefect_api`` in tests/conftest.py: a free port of 127.0.0.1, its
+SQLite database in a tmp dir); the worker polls the ``llmpipe-process`` pool. Teardown stops the
+worker by PID (a background worker ignores the first SIGTERM: ManagedProcess sends a second, then
+SIGKILLs the process group and every descendant) and fails the test if any of its processes is left
+running; the session stops the server the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from flows import prefect_ops
-from llmpipe.processes import ManagedProcess, free_port
+from llmpipe.processes import ManagedProcess
 
 OUTPUTS = Path(__file__).resolve().parent / "_outputs"  # git-ignored: screenshots, server/worker logs
 
@@ -31,7 +32,6 @@ class PrefectStack:
     api_url: str
     ui_url: str
     env: dict[str, str]
-    server: ManagedProcess
     workers: list[ManagedProcess] = field(default_factory=list)
 
     def deploy(self, prefect_file: str | Path = prefect_ops.PREFECT_FILE, **kw: Any) -> list[str]:
@@ -57,14 +57,14 @@ class PrefectStack:
         return prefect_ops.prefect_env(self.state_dir, self.api_url, self.env)
 
     def logs(self) -> str:
-        parts = [f"--- {p.name} ({p.log_path})\n{p.tail(80)}" for p in [self.server, *self.workers]]
+        parts = [f"--- {p.name} ({p.log_path})\n{p.tail(80)}" for p in self.workers]
         return "\n".join(parts)
 
 
 def _save_logs(stack: PrefectStack, label: str) -> None:
     dest = OUTPUTS / label
     dest.mkdir(parents=True, exist_ok=True)
-    for p in [stack.server, *stack.workers]:
+    for p in stack.workers:
         if p.log_path.exists():
             shutil.copy(p.log_path, dest / p.log_path.name)
 
@@ -86,28 +86,27 @@ def run_tiny_chat(until: str | None = None) -> tuple[Any, list[Any]]:
 
 
 @pytest.fixture(scope="module")
-def prefect_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
-    """Server + one process worker, module-scoped (the server takes ~30 s to start here)."""
+def prefect_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  prefect_api: str) -> Iterator[PrefectStack]:
+    """The session's server + one process worker of this module (a server of its own took ~20-30 s
+    to start here; the tests check their own deployments and runs, never that nothing else is there)."""
     root = tmp_path_factory.mktemp("prefect-e2e")
     state_dir = root / "state"
     env = {
         "PREFECT_HOME": str(root / "prefect-home"),
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{root / 'prefect.db'}",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "INFO",
         "HF_HUB_OFFLINE": "1",
     }
-    port = free_port()
-    server = prefect_ops.start_server(state_dir, port=port, log_path=root / "server.log", extra_env=env, timeout=180)
-    stack = PrefectStack(root=root, state_dir=state_dir, api_url=f"http://127.0.0.1:{port}/api",
-                         ui_url=f"http://127.0.0.1:{port}", env=env, server=server)
+    stack = PrefectStack(root=root, state_dir=state_dir, api_url=prefect_api,
+                         ui_url=prefect_api.removesuffix("/api"), env=env)
     old_home = os.environ.get("PREFECT_HOME")
     os.environ["PREFECT_HOME"] = env["PREFECT_HOME"]  # this process's client profile stays in tmp too
     try:
         stack.start_worker()
         yield stack
     finally:
-        procs = [*stack.workers, server]
+        procs = stack.workers
         for p in procs:
             p.stop(grace=10)
         _save_logs(stack, request.module.__name__.rsplit(".", 1)[-1])

@@ -29,12 +29,18 @@ STAGES = ["ingest", "langid", "quality", "coherence", "expertise", "safety", "en
           "evaluate", "quantize", "deploy"]
 
 
-def _cli(project: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    """``llmpipe run tiny.yaml`` in ``project``, as a user types it there (a copy of the tiny config)."""
+def _cli(project: Path, *args: str, timeout: int = 1800,
+         api_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``llmpipe run tiny.yaml`` in ``project``, as a user types it there (a copy of the tiny config).
+
+    No ``PREFECT_*`` variable of ours reaches it: Prefect starts a temporary server for the run, unless
+    ``api_url`` names a running server (as a user's ``PREFECT_API_URL`` would)."""
     project.mkdir(exist_ok=True)
     if not (project / "tiny.yaml").exists():
         shutil.copy(ROOT / "configs" / "tiny.yaml", project / "tiny.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     llmpipe = Path(sys.executable).parent / "llmpipe"  # the console script pip installed
     return subprocess.run([str(llmpipe), "run", "tiny.yaml", *args], cwd=project, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -1,8 +1,8 @@
 """``llmpipe run CONFIG --sample 0.01``: the whole tiny DAG on the same 1% every time, in its own store.
 
 As a user runs it, in a fresh folder holding a copy of the tiny config: a full-size ingest first, then
-the smoke run (Prefect's temporary server, every stage, a short training run), then the sample's ingest once more into
-another store. The smoke run finishes, prints what the full run needs, never reads, reuses or writes
+the smoke run (every stage, a short training run, through the session's Prefect server: a run without
+one is tests/e2e/test_lifecycle.py's), then the sample's ingest once more into another store. The smoke run finishes, prints what the full run needs, never reads, reuses or writes
 the full-size store, and both sample runs hold exactly the same documents, about 1% of the full ones.
 """
 
@@ -32,14 +32,14 @@ def _files(store: Path) -> dict[str, str]:
             for p in sorted(store.rglob("*")) if p.is_file() and "_shards" not in p.parts}
 
 
-def test_a_smoke_run_takes_the_same_sample_in_a_store_of_its_own(tmp_path: Path) -> None:
+def test_a_smoke_run_takes_the_same_sample_in_a_store_of_its_own(tmp_path: Path, prefect_api: str) -> None:
     project = tmp_path / "project"
     full = _cli(project, "--until", "ingest", "--no-prefect")
     assert full.returncode == 0, full.stderr[-3000:]
     full_store = project / ".llmpipe" / "store"
     before = _files(full_store)
 
-    smoke = _cli(project, "--sample", "0.01", *SHORT)
+    smoke = _cli(project, "--sample", "0.01", *SHORT, api_url=prefect_api)
     assert smoke.returncode == 0, smoke.stderr[-3000:] + _latest_logs(project)
     assert list(_table(smoke.stdout)) == STAGES, smoke.stdout
     assert "smoke run on 1.00% of each source; the full run needs about:" in smoke.stdout, smoke.stdout

@@ -17,14 +17,6 @@ from tests.conftest import ROOT, write_jsonl
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory):
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def _corpus(d: Path, n: int = 40) -> Path:
     texts = [f"Document number {i} talks about rivers, bridges and the people who cross them every day. "
              f"It has enough words to pass the quality filters, and it ends with a full stop. " * 3
@@ -45,7 +37,7 @@ def _run(tmp: Path, *extra: str) -> dict[str, dict]:
     return {r["stage"]: r for r in rows}
 
 
-def test_rerun_is_cached_and_changes_rerun_downstream_only(prefect_server, tmp_path: Path) -> None:
+def test_rerun_is_cached_and_changes_rerun_downstream_only(prefect_api: str, tmp_path: Path) -> None:
     _corpus(tmp_path)
     first = _run(tmp_path)
     assert list(first) == ["ingest", "langid", "quality"]
@@ -63,7 +55,7 @@ def test_rerun_is_cached_and_changes_rerun_downstream_only(prefect_server, tmp_p
     assert changed["langid"]["key"] != first["langid"]["key"]
 
 
-def test_edited_artifact_file_is_recomputed(prefect_server, tmp_path: Path, caplog) -> None:
+def test_edited_artifact_file_is_recomputed(prefect_api: str, tmp_path: Path, caplog) -> None:
     _corpus(tmp_path)
     first = _run(tmp_path)
     langid_dir = next((tmp_path / "store" / "langid").glob(first["langid"]["key"] + "*"))
@@ -122,7 +114,7 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "nosuchstage" in unknown.stderr
 
 
-def test_rerun_links_the_reused_stages_reports_instead_of_republishing(prefect_server, tmp_path: Path) -> None:
+def test_rerun_links_the_reused_stages_reports_instead_of_republishing(prefect_api: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
 

@@ -60,7 +60,7 @@ def prefect_home(tmp_path_factory: pytest.TempPathFactory):
         os.environ["PREFECT_HOME"] = old
 
 
-def test_data_refresh_on_dask_matches_local(tmp_path: Path, prefect_home: None) -> None:
+def test_data_refresh_on_dask_matches_local(tmp_path: Path, prefect_home: None, prefect_api: str) -> None:
     from flows.data_refresh import data_refresh
     from llmpipe.executor_dask import _CLUSTERS, close_local_clusters
 
