@@ -412,7 +412,7 @@ class Metrics:
                    Histogram("llmpipe_api_request_seconds", "Request duration until the answer (or the stream) "
                              "ended", ["endpoint"], registry=reg),
                    Histogram("llmpipe_api_time_to_first_token_seconds", "Streamed requests: until the first "
-                             "token was sent", ["endpoint"], registry=reg, buckets=TTFT_BUCKETS),
+                             "token was sent", ["endpoint", "model"], registry=reg, buckets=TTFT_BUCKETS),
                    Gauge("llmpipe_api_requests_in_flight", "Requests holding one of the front end's max_in_flight "
                          "slots now", registry=reg),
                    Histogram("llmpipe_api_inter_token_latency_seconds", "Streamed requests: the gap between two "
@@ -838,7 +838,7 @@ async def _events(st: State, req: _Request, rid: str, created: int, kind: str, s
                 continue
             now = time.perf_counter()
             if not first_sent:
-                st.metrics.ttft.labels(endpoint).observe(now - t0)
+                st.metrics.ttft.labels(endpoint, st.cfg.name).observe(now - t0)
                 first_sent = True
             if index in last_sent:  # the gap a reader of this answer waited since its previous chunk
                 st.metrics.itl.labels(st.cfg.name).observe(now - last_sent[index])
