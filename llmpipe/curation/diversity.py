@@ -15,7 +15,14 @@ with ``c <= share * sum(min(n_k, c))`` holds for the output, and a cluster's lat
 
 With ``diversity.encoder`` (a sentence-embedding or encoder checkpoint by path), the documents'
 mean-pooled encoder states replace the TF-IDF vectors for clustering and the duplicate step (the
-cluster report's top terms still come from TF-IDF).
+cluster report's top terms still come from TF-IDF; the embeddings are held whole).
+
+Memory: the run's TF-IDF rows are never stacked. IDF comes from a pass over the per-shard term
+counts, the sketch is written part by part to a file that k-means reads in fixed blocks of
+:data:`ROW_BLOCK` rows, and a second pass groups the rows by cluster on disk (:class:`ClusterRows`)
+for the duplicate step and the top terms, one cluster at a time. Every operation is per row, or
+adds rows in corpus order as the stacked computation did, so the decisions are those of the
+in-memory version (checked on the test and benchmark corpora).
 
 Feature hashing uses CRC-32 of the UTF-8 n-gram (never Python's salted ``hash``), so the same
 documents give the same vectors, clusters and decisions in every process and run.
@@ -38,7 +45,8 @@ np = lazy_import("numpy")
 sparse = lazy_import("scipy.sparse")
 TF = "tf.npz"  # per shard, in the shard cache: term counts (CSR parts) of its documents
 ROW_BLOCK = 4096  # rows of the sketch per k-means step (fixed: the labels must not depend on memory)
-DUP_BLOCK = 2048  # rows of a cluster compared with the whole cluster at a time
+DUP_BLOCK = 2048  # rows of a cluster compared with the whole cluster at a time, at most
+DUP_CELLS = 1 << 22  # ... and at most this many cosines at a time (32 MiB): a large cluster takes fewer rows
 
 
 def ngrams(text: str, lang: str | None) -> list[str]:
@@ -153,7 +161,7 @@ class RowFile:
 class RowArray(RowFile):
     """Dense rows in memory (the encoder's embeddings) behind :class:`RowFile`'s interface."""
 
-    def __init__(self, y: np.ndarray) -> None:  # noqa: D107 - no file
+    def __init__(self, y: np.ndarray) -> None:  # no file: rows(), blocks() read the array
         self.y, self.n, self.dims = y, len(y), y.shape[1] if y.ndim == 2 else 0
 
     def rows(self, start: int, stop: int) -> np.ndarray:
@@ -198,15 +206,16 @@ def kmeans(y: np.ndarray | RowFile, k: int, iterations: int, seed: int) -> np.nd
     c = np.stack(centers)
     labels = np.zeros(n, np.int64)
     for it in range(iterations):
-        new = np.concatenate([np.argmax(b @ c.T, axis=1) for _, b in rows.blocks()])
+        new = np.zeros(n, np.int64)
+        sums = np.zeros_like(c)
+        for b0, b in rows.blocks():  # one pass: the labels, and the new centers' sums from them
+            lb = np.argmax(b @ c.T, axis=1)
+            new[b0:b0 + len(b)] = lb
+            for j in np.unique(lb):  # the running sum, then this block's members, in row order
+                sums[j] = np.add.reduce(np.concatenate([sums[j][None], b[lb == j]]), axis=0)
         if it and np.array_equal(new, labels):
             break
         labels = new
-        sums = np.zeros_like(c)
-        for b0, b in rows.blocks():
-            lb = labels[b0:b0 + len(b)]
-            for j in np.unique(lb):  # the running sum, then this block's members, in row order
-                sums[j] = np.add.reduce(np.concatenate([sums[j][None], b[lb == j]]), axis=0)
         counts = np.bincount(labels, minlength=k)
         for j in np.flatnonzero(counts):
             c[j] = sums[j] / (np.linalg.norm(sums[j]) or 1.0)
@@ -217,8 +226,10 @@ def cluster_duplicates(xm: Any, members: np.ndarray, threshold: float | None, du
                         best: np.ndarray, block: int) -> None:
     """One cluster's rows ``xm`` (rows ``members`` of the run, ascending): fill ``dup`` and ``best``."""
     kept = np.zeros(len(members), bool)
+    block = max(1, min(block, DUP_CELLS // max(1, len(members))))  # a row's cosines do not depend on it
+    xt = xm.T.tocsr()  # once per cluster, not once per block
     for b0 in range(0, len(members), block):
-        sims = np.asarray((xm[b0:b0 + block] @ xm.T).todense())
+        sims = np.asarray((xm[b0:b0 + block] @ xt).todense())
         for r in range(sims.shape[0]):
             i = b0 + r
             row = sims[r, :i]
