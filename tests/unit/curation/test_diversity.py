@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from pydoc_data.topics import topics
 
+from llmpipe.curation import diversity as dv
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dimensions_config import DiversityConfig
 from llmpipe.curation.diversity import cluster_cap
@@ -148,3 +149,41 @@ def test_the_parent_holds_no_tfidf_row_per_document(tmp_path: Path) -> None:
     growth = peaks[8] - peaks[4]
     print(f"peak traced memory {peaks[4] / 2**20:.2f} -> {peaks[8] / 2**20:.2f} MiB for 1,600 -> 3,200 documents")
     assert growth < 512 << 10, f"peak grew {growth / 2**20:.2f} MiB for 1,600 more documents"
+
+
+def test_streamed_parts_and_blocks_give_the_stacked_results(tmp_path: Path) -> None:
+    """What the stage streams (IDF from the parts, the sketch file, k-means in row blocks, rows grouped
+    by cluster on disk, a large cluster a few rows at a time) equals the same steps on the stacked
+    matrix, bit for bit: the decisions cannot depend on how the run is cut."""
+    import numpy as np
+    from scipy import sparse
+
+    from llmpipe.document import write_shard
+
+    docs = _topic_docs(900, seed=3)
+    docs += [Document(f"c{i}", d.text.replace(".", " again."), "web", {}) for i, d in enumerate(docs[:60])]
+    parts, bounds = [], [0, 200, 700, len(docs)]
+    for k in range(3):  # parts of unequal sizes
+        shard, out = tmp_path / f"s{k}.parquet", tmp_path / f"tf{k}"
+        out.mkdir()
+        write_shard(shard, docs[bounds[k]:bounds[k + 1]])
+        dv.term_counts(str(shard), 1 << 14, "en", out)
+        parts.append(out / dv.TF)
+    idf, sizes = dv.idf_of(parts, 1 << 14)
+    assert sizes == [200, 500, 260]
+    x = sparse.vstack([dv.tfidf_part(p, idf) for p in parts], format="csr")
+    y = dv.sketch_to_file(parts, idf, 16, 0, tmp_path / "sketch.f64")
+    stacked = dv._sketch_rows(x, dv._count_sketch(1 << 14, 16, 0))
+    assert np.array_equal(y.rows(0, len(y)), stacked)
+    labels = dv.kmeans(y, 6, 25, 0)
+    assert np.array_equal(labels, dv.kmeans(stacked, 6, 25, 0))
+    dup, best = dv.near_duplicates(x, labels, 0.8)
+    assert (dup >= 0).sum() >= 50  # the planted copies
+    grouped = dv.ClusterRows(parts, idf, labels, tmp_path / "clusters")
+    assert np.array_equal(grouped.overall, np.asarray(x.mean(axis=0)).ravel())
+    dup2, best2 = np.full(len(labels), -1, np.int64), np.zeros(len(labels))
+    for _, members, xm in grouped.clusters():
+        assert (xm != x[members]).nnz == 0
+        dv.cluster_duplicates(xm, members, 0.8, dup2, best2, block=7)  # a few rows at a time
+        assert dv.distinctive(xm, grouped.overall, 8)
+    assert np.array_equal(dup, dup2) and np.array_equal(best, best2)
