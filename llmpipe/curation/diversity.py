@@ -264,12 +264,12 @@ class ClusterRows:
     def __init__(self, parts: Sequence[Path], idf: Any, labels: np.ndarray, folder: Path) -> None:
         self.folder, self.features, self.labels = folder, len(idf), labels
         folder.mkdir(parents=True, exist_ok=True)
-        n = len(labels)
+        scale = 1.0 / len(labels) if len(labels) else 0.0
         self.overall = np.zeros(self.features, np.float32)
         start = 0
         for p in parts:
             x = tfidf_part(p, idf)
-            np.add.at(self.overall, x.indices, x.data * (1.0 / n))
+            np.add.at(self.overall, x.indices, x.data * scale)
             lab = labels[start:start + x.shape[0]]
             start += x.shape[0]
             for j in np.unique(lab):
