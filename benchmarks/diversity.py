@@ -22,6 +22,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import resource  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -65,6 +66,7 @@ def one(n: int, workers: int) -> dict[str, float]:
                          executor=LocalExecutor(workers))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    shutil.rmtree(root, ignore_errors=True)  # the run's shards and artifacts (GBs at the larger sizes)
     return {"docs": n, "docs_per_s": n / wall, "cpu_docs_per_s": n / cpu, "peak_mb": peak / 1024,
             "before_mb": base / 1024, "semantic_duplicates": stats.get("rejected_semantic_duplicate", 0)}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import tempfile
 from array import array
 from collections import Counter
 from pathlib import Path
@@ -27,7 +28,6 @@ from llmpipe.curation.dimensions_config import (
     TimelinessConfig,
 )
 from llmpipe.curation.scored import (
-    Decision,
     ScoreFiles,
     pass_through,
     reference_texts,
@@ -251,26 +251,29 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
     items = [(hash_json([ctx.name, VERSION, "tf", cfg.features, lang, s.sha256]), (str(s.path), cfg.features, lang))
              for s in shards]
     parts = ctx.cached_map(_tf_job, items, desc="diversity terms")
-    x = dv.tfidf([d / dv.TF for d, _ in parts], cfg.features)
-    if cfg.encoder:  # the encoder's embeddings decide clusters and duplicates; TF-IDF names the clusters
-        texts = [doc.text for s in shards for doc in iter_documents(s.path)]
-        v = dv.embed(texts, str(resolve_path(ctx, cfg.encoder)), cfg.encoder_max_length, device=cfg.encoder_device)
-        labels = dv.kmeans(v.toarray(), cfg.clusters, cfg.iterations, cfg.seed)
-    else:
-        v = x
-        labels = dv.kmeans(dv.sketch(x, cfg.sketch_dims, cfg.seed), cfg.clusters, cfg.iterations, cfg.seed)
-    dup, best = dv.near_duplicates(v, labels, cfg.threshold)
-    ids = [doc.id for s in shards for doc in iter_documents(s.path)]
-    flat, cap = dv.decide(labels, dup, best, cfg.max_cluster_share, ids)
-    sizes = [st["docs"] for _, st in parts]
-    decisions, i = [], 0
-    for n in sizes:
-        decisions.append(flat[i:i + n])
-        i += n
-    funnel = write_decisions(ctx, shards, None, decisions)
-    k = int(labels.max()) + 1 if len(labels) else 0
-    terms = dv.top_terms(x, labels, k, _texts_of(shards, sizes), cfg.features, cfg.top_terms, lang)
-    rows = _cluster_rows(labels, flat, terms)
+    tf = [d / dv.TF for d, _ in parts]
+    idf, sizes = dv.idf_of(tf, cfg.features)
+    with tempfile.TemporaryDirectory(prefix=".tmp-diversity-", dir=ctx.out) as work:
+        if cfg.encoder:  # the encoder's embeddings decide clusters and duplicates; TF-IDF names the clusters
+            texts = [doc.text for s in shards for doc in iter_documents(s.path)]
+            v = dv.embed(texts, str(resolve_path(ctx, cfg.encoder)), cfg.encoder_max_length, device=cfg.encoder_device)
+            labels = dv.kmeans(v.toarray(), cfg.clusters, cfg.iterations, cfg.seed)
+            dup, best = dv.near_duplicates(v, labels, cfg.threshold)
+        else:
+            y = dv.sketch_to_file(tf, idf, cfg.sketch_dims, cfg.seed, Path(work) / "sketch.f64")
+            labels = dv.kmeans(y, cfg.clusters, cfg.iterations, cfg.seed)
+            dup, best = np.full(len(labels), -1, np.int64), np.zeros(len(labels), np.float64)
+        k = int(labels.max()) + 1 if len(labels) else 0
+        tops: list[list[int]] = [[] for _ in range(k)]
+        grouped = dv.ClusterRows(tf, idf, labels, Path(work) / "clusters")
+        for j, members, xm in grouped.clusters():  # one cluster's TF-IDF rows in memory at a time
+            if not cfg.encoder:
+                dv.cluster_duplicates(xm, members, cfg.threshold, dup, best, dv.DUP_BLOCK)
+            tops[j] = dv.distinctive(xm, grouped.overall, cfg.top_terms)
+    codes, cap = dv.decide(labels, dup, cfg.max_cluster_share)
+    funnel = write_decisions(ctx, shards, None, _shard_decisions(shards, sizes, labels, best, codes, dup))
+    terms = dv.name_terms(tops, labels, _texts_of(shards, sizes), cfg.features, lang)
+    rows = _cluster_rows(labels, codes, terms)
     (ctx.out / CLUSTERS_JSON).write_text(json.dumps({"cap": cap, "clusters": rows}, indent=1, sort_keys=True,
                                                     ensure_ascii=False))
     _plot_clusters(rows, ctx.out / CLUSTERS_PNG)
@@ -278,6 +281,28 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
     ctx.report_image("diversity-clusters-chart", "diversity: documents per cluster", ctx.out / CLUSTERS_PNG)
     return stage_stats(funnel, len(shards), clusters=k, cap=cap, vectors="encoder" if cfg.encoder else "tfidf",
                        **{f"rejected_{r}": n for r, n in funnel["rejected"].items()})
+
+
+def _shard_decisions(shards: list[InputShard], sizes: list[int], labels: Any, best: Any, codes: Any,
+                     dup: Any) -> list[Any]:
+    """Per shard, its slice of the small arrays and the ids its duplicates point at (read from the
+    shards that hold a target, one id column at a time; no id of any other document is held)."""
+    from llmpipe.curation.diversity import ShardDecisions
+
+    starts = np.cumsum([0, *sizes])
+    targets = np.unique(dup[dup >= 0])
+    ids: dict[int, str] = {}
+    for k, s in enumerate(shards):
+        local = targets[(targets >= starts[k]) & (targets < starts[k + 1])] - starts[k]
+        if len(local):
+            col = pq.read_table(s.path, columns=["id"]).column("id").take(local).to_pylist()
+            ids.update(zip((int(r) + int(starts[k]) for r in local), col, strict=True))
+    out = []
+    for k in range(len(shards)):
+        a, b = int(starts[k]), int(starts[k + 1])
+        out.append(ShardDecisions(labels[a:b], best[a:b], codes[a:b],
+                                  {int(i) - a: ids[int(dup[i])] for i in np.flatnonzero(dup[a:b] >= 0) + a}))
+    return out
 
 
 def _texts_of(shards: list[InputShard], sizes: list[int]) -> Any:
@@ -297,15 +322,14 @@ def _texts_of(shards: list[InputShard], sizes: list[int]) -> Any:
     return get
 
 
-def _cluster_rows(labels: Any, flat: list[Decision], terms: list[list[str]]) -> list[dict[str, Any]]:
-    rows = []
-    for j, t in enumerate(terms):
-        members = np.flatnonzero(labels == j)
-        reasons = Counter(flat[i].reason for i in members)
-        rows.append({"cluster": j, "docs": len(members), "kept": reasons.get(None, 0),
-                     "semantic_duplicate": reasons.get("semantic_duplicate", 0),
-                     "cluster_cap": reasons.get("cluster_cap", 0), "top_terms": ", ".join(t)})
-    return rows
+def _cluster_rows(labels: Any, codes: Any, terms: list[list[str]]) -> list[dict[str, Any]]:
+    k = len(terms)
+    by = {r: np.bincount(labels[codes == c], minlength=k) for c, r in enumerate(("kept", "semantic_duplicate",
+                                                                                 "cluster_cap"))}
+    sizes = np.bincount(labels, minlength=k)
+    return [{"cluster": j, "docs": int(sizes[j]), "kept": int(by["kept"][j]),
+             "semantic_duplicate": int(by["semantic_duplicate"][j]), "cluster_cap": int(by["cluster_cap"][j]),
+             "top_terms": ", ".join(t)} for j, t in enumerate(terms)]
 
 
 def _plot_clusters(rows: list[dict[str, Any]], path: Path) -> None:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from pydoc_data.topics import topics
 
+from llmpipe.curation import diversity as dv
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dimensions_config import DiversityConfig
 from llmpipe.curation.diversity import cluster_cap
@@ -105,3 +106,84 @@ def test_an_encoder_checkpoint_by_path_replaces_the_tfidf_vectors(tmp_path: Path
     # document of each cluster has no earlier one (0.0)
     sims = sorted(d.metadata["scores"]["diversity"]["max_similarity"] for d in kept)
     assert sims[len(sims) // 2] > 0.9, sims
+
+
+def _topic_docs(n: int, seed: int = 0) -> list[Document]:
+    """n documents of 60 words, each mostly from one of 40 topics' 50 words (a 4,000-word vocabulary)."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}x{rng.randrange(10**6)}" for i in range(4000)]
+    topics = [rng.sample(vocab, 50) for _ in range(40)]
+    docs = []
+    for i in range(n):
+        topic = topics[rng.randrange(len(topics))]
+        words = [rng.choice(topic) if rng.random() < 0.7 else rng.choice(vocab) for _ in range(60)]
+        docs.append(Document(f"d{i}", " ".join(words) + ".", "web", {"lang": "en"}))
+    return docs
+
+
+def test_the_parent_holds_no_tfidf_row_per_document(tmp_path: Path) -> None:
+    """The parent streams the TF-IDF rows a shard at a time (the sketch into a file, k-means in fixed
+    blocks of it, each cluster's rows grouped on disk and loaded one cluster at a time) and builds no
+    decision per document: twice the documents (in shards and clusters of the same size) leave its
+    peak traced memory where it was (11.0 MiB both: the per-document arrays of a few bytes, label,
+    similarity, duplicate, reason, stay under the fixed cost of 2^18 features). Holding every row,
+    sketch and decision, as it did, grew the peak 11.3 -> 16.7 MiB (~3.4 KB a document)."""
+    import tracemalloc
+
+    from tests.fixtures.quality_corpus import write_upstream
+
+    peaks = {}
+    for shards in (4, 8):
+        docs = _topic_docs(400 * shards, seed=shards)
+        root = tmp_path / str(shards)
+        write_upstream(docs, root, shards)
+        cfg = DiversityConfig(enabled=True, clusters=2 * shards, threshold=0.8, sketch_dims=8)  # a k-means block < 256 KiB
+        run_stage("diversity", cfg, docs[:50], tmp_path / "warm", shards=1)  # imports and caches, untraced
+        tracemalloc.start()
+        try:
+            stats, _ = run_stage("diversity", cfg, docs, root, shards=shards, upstream_written=True)
+            peaks[shards] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert stats["docs_in"] == len(docs)
+    growth = peaks[8] - peaks[4]
+    print(f"peak traced memory {peaks[4] / 2**20:.2f} -> {peaks[8] / 2**20:.2f} MiB for 1,600 -> 3,200 documents")
+    assert growth < 512 << 10, f"peak grew {growth / 2**20:.2f} MiB for 1,600 more documents"
+
+
+def test_streamed_parts_and_blocks_give_the_stacked_results(tmp_path: Path) -> None:
+    """What the stage streams (IDF from the parts, the sketch file, k-means in row blocks, rows grouped
+    by cluster on disk, a large cluster a few rows at a time) equals the same steps on the stacked
+    matrix, bit for bit: the decisions cannot depend on how the run is cut."""
+    import numpy as np
+    from scipy import sparse
+
+    from llmpipe.document import write_shard
+
+    docs = _topic_docs(900, seed=3)
+    docs += [Document(f"c{i}", d.text.replace(".", " again."), "web", {}) for i, d in enumerate(docs[:60])]
+    parts, bounds = [], [0, 200, 700, len(docs)]
+    for k in range(3):  # parts of unequal sizes
+        shard, out = tmp_path / f"s{k}.parquet", tmp_path / f"tf{k}"
+        out.mkdir()
+        write_shard(shard, docs[bounds[k]:bounds[k + 1]])
+        dv.term_counts(str(shard), 1 << 14, "en", out)
+        parts.append(out / dv.TF)
+    idf, sizes = dv.idf_of(parts, 1 << 14)
+    assert sizes == [200, 500, 260]
+    x = sparse.vstack([dv.tfidf_part(p, idf) for p in parts], format="csr")
+    y = dv.sketch_to_file(parts, idf, 16, 0, tmp_path / "sketch.f64")
+    stacked = dv._sketch_rows(x, dv._count_sketch(1 << 14, 16, 0))
+    assert np.array_equal(y.rows(0, len(y)), stacked)
+    labels = dv.kmeans(y, 6, 25, 0)
+    assert np.array_equal(labels, dv.kmeans(stacked, 6, 25, 0))
+    dup, best = dv.near_duplicates(x, labels, 0.8)
+    assert (dup >= 0).sum() >= 50  # the planted copies
+    grouped = dv.ClusterRows(parts, idf, labels, tmp_path / "clusters")
+    assert np.array_equal(grouped.overall, np.asarray(x.mean(axis=0)).ravel())
+    dup2, best2 = np.full(len(labels), -1, np.int64), np.zeros(len(labels))
+    for _, members, xm in grouped.clusters():
+        assert (xm != x[members]).nnz == 0
+        dv.cluster_duplicates(xm, members, 0.8, dup2, best2, block=7)  # a few rows at a time
+        assert dv.distinctive(xm, grouped.overall, 8)
+    assert np.array_equal(dup, dup2) and np.array_equal(best, best2)
