@@ -22,6 +22,7 @@ from llmpipe.store import MANIFEST, sha256_file
 
 # pyarrow loads on first use: every ``llmpipe`` command imports this module to learn the DAG
 pa = lazy_import("pyarrow")
+np = lazy_import("numpy")  # string_array: a string column's offsets
 pq = lazy_import("pyarrow.parquet")
 SHARD_GLOB = "*.parquet"
 # The declared layout of every document stage's artifact (ingest, langid, quality, safety, dedup,
@@ -114,11 +115,38 @@ def to_table(docs: Iterable[Document]) -> pa.Table:
         texts.append(d.text)
         sources.append(d.source)
         metas.append(dump_metadata(d.metadata))
-    return pa.Table.from_arrays(
-        [pa.array(ids, pa.string()), pa.array(texts, pa.string()), pa.array(sources, pa.string()),
-         pa.array(metas, pa.string())],
-        schema=shard_schema(),
-    )
+    return pa.Table.from_arrays([string_array(ids), string_array(texts), string_array(sources), string_array(metas)],
+                                schema=shard_schema())
+
+
+def read_columns(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """One Parquet file's columns (all when None) as a table: ``pq.read_table`` for a single file,
+    without its dataset layer, whose import pulls in pandas (~0.4 CPU-seconds per process)."""
+    with pq.ParquetFile(path) as f:
+        return f.read(columns=list(columns) if columns is not None else None)
+
+
+def numpy_array(values: Any, dtype: str) -> pa.Array:
+    """``pa.array(values, <dtype>)`` for a 1-D numpy array of a fixed-width number type (``"uint8"``,
+    ``"int64"``, ...), from its buffer: ``pa.array`` would import pandas (see :func:`string_array`)."""
+    arr = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(arr.dtype), len(arr), [None, pa.py_buffer(arr)])
+
+
+def string_array(values: list[str]) -> pa.Array:
+    """``pa.array(values, pa.string())``, built from its UTF-8 buffer and offsets: the same array, but
+    ``pa.array`` first asks whether its input is a pandas object, which imports pandas (~0.4
+    CPU-seconds in every process that writes a shard, for nothing). Past int32 offsets: ``pa.array``."""
+    try:
+        data = [v.encode("utf-8") for v in values]
+    except AttributeError:  # a None (null): pyarrow's own conversion
+        return pa.array(values, pa.string())
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=len(data)), out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(values, pa.string())
+    offsets = offsets.astype(np.int32)
+    return pa.StringArray.from_buffers(len(data), pa.py_buffer(offsets), pa.py_buffer(b"".join(data)))
 
 
 def write_shard(path: str | Path, docs: Iterable[Document], dictionary: bool | Sequence[str] = True,
@@ -154,7 +182,7 @@ def read_shard(path: str | Path) -> list[Document]:
 
 def iter_documents(path: str | Path, batch_size: int = 4096) -> Iterator[Document]:
     pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(batch_size=batch_size):
+    for batch in pf.iter_batches(batch_size=batch_size, use_threads=False):  # as iter_rows: less CPU
         cols = batch.to_pydict()
         for i, t, s, m in zip(cols["id"], cols["text"], cols["source"], cols["metadata"], strict=True):
             yield Document(id=i, text=t, source=s, metadata=_loads(m) if m else {})

@@ -109,24 +109,42 @@ def _without_timings(obj: Any) -> Any:
     return obj
 
 
-def _plot_funnel(funnel: dict[str, Any], title: str, path: Path) -> None:
-    """A horizontal bar chart; the same bytes for the same funnel (no matplotlib version in the file)."""
-    import matplotlib
+_BAR_COLORS = {"total": (76, 114, 176), "added": (85, 168, 104), "rejected": (221, 132, 82)}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _plot_funnel(funnel: dict[str, Any], title: str, path: Path) -> None:
+    """A horizontal bar chart drawn with Pillow; the same bytes for the same funnel (no timestamp, no
+    version in the file). Pillow, not matplotlib: importing matplotlib and rendering three charts
+    cost ~0.8 CPU-seconds of a ~4.6 s curation run of 4,579 documents (langid, quality, dedup), Pillow
+    ~0.05 s; a funnel needs bars and labels, nothing of a plotting library's layout engine."""
+    from PIL import Image, ImageDraw, ImageFont
 
     rows = funnel_rows(funnel)
-    labels = [r["step"] for r in rows][::-1]
-    values = [r["docs"] for r in rows][::-1]
-    colors = ["#4c72b0" if lab in ("in", "kept", "out") else
-              "#55a868" if lab.startswith("added: ") else "#dd8452" for lab in labels]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
-    ax.barh(labels, values, color=colors)
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v}", va="center", fontsize=8)
-    ax.set_title(title)
-    ax.set_xlabel("documents")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80, metadata={"Software": None})
-    plt.close(fig)
+    try:
+        font, title_font = ImageFont.load_default(size=11), ImageFont.load_default(size=13)
+    except (TypeError, ImportError):  # Pillow < 10.1, or built without FreeType: the bitmap font
+        font = title_font = ImageFont.load_default()
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    label_w = max(int(draw.textlength(r["step"], font=font)) for r in rows) + 16
+    bar_h, top, width = 26, 36, 560
+    height = top + bar_h * len(rows) + 34
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((width // 2, 10), title, fill="black", font=title_font, anchor="mt")
+    value_w = max(int(draw.textlength(f" {r['docs']}", font=font)) for r in rows) + 8
+    span = max(1, width - label_w - value_w - 10)
+    top_value = max(1, max(r["docs"] for r in rows))
+    for i, r in enumerate(rows):
+        y = top + i * bar_h
+        kind = ("total" if r["step"] in ("in", "kept", "out") else
+                "added" if r["step"].startswith("added: ") else "rejected")
+        w = round(span * r["docs"] / top_value)
+        draw.text((label_w - 8, y + bar_h // 2), r["step"], fill="black", font=font, anchor="rm")
+        if w:
+            draw.rectangle((label_w, y + 4, label_w + w - 1, y + bar_h - 5), fill=_BAR_COLORS[kind])
+        draw.text((label_w + w, y + bar_h // 2), f" {r['docs']}", fill="black", font=font, anchor="lm")
+    axis_y = top + bar_h * len(rows) + 2
+    draw.line((label_w, top - 2, label_w, axis_y), fill="black")
+    draw.line((label_w, axis_y, width - 10, axis_y), fill="black")
+    draw.text((label_w + span // 2, axis_y + 8), "documents", fill="black", font=font, anchor="mt")
+    img.save(path, format="PNG", optimize=False)

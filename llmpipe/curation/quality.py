@@ -45,6 +45,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
@@ -76,10 +77,20 @@ _ALPHA = re.compile(r"[^\W\d_]")
 
 
 @lru_cache(maxsize=1 << 17)
-def _word_kind(word: str) -> tuple[bool, bool]:
-    """(has a letter, is a symbol word) of a word. Cached: documents share most of their words, and
-    the per-character test of :func:`is_symbol_word` was a fifth of the Gopher quality filter."""
-    return _ALPHA.search(word) is not None, is_symbol_word(word)
+def _word_kind(word: str) -> tuple[bool, bool, int]:
+    """(has a letter, is a symbol word, length) of a word. Cached: documents share most of their words,
+    and the per-character test of :func:`is_symbol_word` was a fifth of the Gopher quality filter."""
+    return _ALPHA.search(word) is not None, is_symbol_word(word), len(word)
+
+
+def _share_of_lines(lines: list[str], text: str, marks: tuple[str, ...], starts: bool) -> float:
+    """Share of ``lines`` that start (after leading space) / end (before trailing space) with one of
+    ``marks``; 0.0 at once when no mark occurs in ``text`` (most documents: no per-line scan)."""
+    if not any(m in text for m in marks):
+        return 0.0
+    if starts:  # map + methodcaller: the per-line loop runs in C
+        return sum(map(methodcaller("startswith", marks), map(str.lstrip, lines))) / len(lines)
+    return sum(map(methodcaller("endswith", marks), map(str.rstrip, lines))) / len(lines)
 
 
 def doc_lang(doc: Document, default: str) -> str:
@@ -133,12 +144,12 @@ class GopherQualityFilter(ScoredFilter):
         counts = Counter(words)
         n_non_symbol = chars_non_symbol = n_alpha = 0
         for w, c in counts.items():
-            alpha, symbol = _word_kind(w)
+            alpha, symbol, size = _word_kind(w)
             if alpha:
                 n_alpha += c
             if not symbol:
                 n_non_symbol += c
-                chars_non_symbol += c * len(w)
+                chars_non_symbol += c * size
         lines = text.splitlines() or [""]
         stops = self._stop_words(lang)
         if stops is None:
@@ -155,8 +166,8 @@ class GopherQualityFilter(ScoredFilter):
             "avg_word_length": chars_non_symbol / n_non_symbol if n_non_symbol else None,
             "hash_ratio": text.count("#") * per_word if per_word else None,
             "ellipsis_ratio": (text.count("...") + text.count("…")) * per_word if per_word else None,
-            "bullet_lines_ratio": sum(ln.lstrip().startswith(("•", "-")) for ln in lines) / len(lines),
-            "ellipsis_lines_ratio": sum(ln.rstrip().endswith(("...", "…")) for ln in lines) / len(lines),
+            "bullet_lines_ratio": _share_of_lines(lines, text, ("•", "-"), starts=True),
+            "ellipsis_lines_ratio": _share_of_lines(lines, text, ("...", "…"), starts=False),
             "alpha_words_ratio": n_alpha * per_word if per_word else None,
             "n_stop_words": n_stop,
         }
@@ -228,20 +239,28 @@ def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int, sep: int = 1) -> i
 
 
 def _dup_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
-    """Characters in repeated n-grams, scanning left to right and skipping past each repeat (Gopher)."""
-    if len(np.unique(h)) == len(h):
+    """Characters in repeated n-grams, scanning left to right and skipping past each repeat (Gopher).
+
+    Only n-grams whose value occurs more than once can be a repeat or make a later one, so the scan
+    visits those positions alone (the others would only enter ``seen`` and never be looked up); a
+    text's repeated n-grams are few, so this is a short Python loop instead of one per n-gram."""
+    _, inverse, counts = np.unique(h, return_inverse=True, return_counts=True)
+    if len(counts) == len(h):
         return 0
-    hs = h.tolist()
+    repeated = np.flatnonzero(counts[inverse] > 1).tolist()
+    values = h[repeated].tolist()
+    ends = np.concatenate(([0], np.cumsum(lens))).tolist()  # ends[i + n] - ends[i]: chars of n-gram i
     seen: set[int] = set()
-    total, i, m = 0, 0, len(hs)
-    while i < m:
-        x = hs[i]
+    total, pos = 0, 0  # pos: the scan's next position
+    for p, x in zip(repeated, values, strict=True):
+        if p < pos:  # skipped: inside a repeat counted before
+            continue
         if x in seen:
-            total += int(lens[i : i + n].sum())
-            i += n
+            total += ends[p + n] - ends[p]
+            pos = p + n
         else:
             seen.add(x)
-            i += 1
+            pos = p + 1
     return total
 
 
@@ -264,9 +283,9 @@ class GopherRepetitionFilter(ScoredFilter):
         lines = _LINE_RE.split(text)
         l_dup, l_chars = duplicate_stats(lines)
         words = split_words(text, lang)
-        vocab: dict[str, int] = {}
-        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.uint64, count=len(words))
-        lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
+        vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}  # ids in order of first occurrence
+        ids = np.fromiter(map(vocab.__getitem__, words), dtype=np.uint64, count=len(words))
+        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
         sizes = sorted(set(self.s.top_n_grams) | set(self.s.dup_n_grams))
         top = {n: 0.0 for n in sizes if n > len(words)}
         dup = dict(top)
@@ -331,7 +350,7 @@ class C4QualityFilter(ScoredFilter):
         for line in lines:
             line = line.strip()
             words = words_of(line, seg) if seg else line.split()  # C4's words: whitespace-separated
-            if s.max_word_length != -1 and any(len(w) > s.max_word_length for w in words):
+            if s.max_word_length != -1 and words and max(map(len, words)) > s.max_word_length:
                 dropped["too_long_word"] += 1
                 continue
             if s.remove_citations:

@@ -325,10 +325,18 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     return tuple(words)
 
 
+def _non_space(text: str) -> int:
+    """Characters of ``text`` for which ``str.isspace`` is false: ``str.split()`` cuts at exactly
+    those whitespace characters, in C (a per-character generator cost ~40% of the quality stage)."""
+    return sum(map(len, text.split()))
+
+
 def cjk_ratio(text: str, sample: int = 4000) -> float:
     """Share of non-space characters that are CJK (on a prefix sample, to stay O(1) on huge docs)."""
     head = text[:sample]
-    non_space = sum(1 for c in head if not c.isspace())
+    if head.isascii() or not UNSPACED_RE.search(head):  # no CJK character: 0.0 without counting
+        return 0.0
+    non_space = _non_space(head)
     return len(_CJK_RE.findall(head)) / non_space if non_space else 0.0
 
 
@@ -342,7 +350,9 @@ def is_cjk_doc(text: str, lang: str | None) -> bool:
 def unspaced_ratio(text: str, sample: int = 4000) -> float:
     """Share of non-space characters from scripts written without spaces (on a prefix sample)."""
     head = text[:sample]
-    non_space = sum(1 for c in head if not c.isspace())
+    if head.isascii() or not UNSPACED_RE.search(head):  # no unspaced character: 0.0 without counting
+        return 0.0
+    non_space = _non_space(head)
     return len(_UNSPACED_CHAR.findall(head)) / non_space if non_space else 0.0
 
 

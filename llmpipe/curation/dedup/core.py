@@ -212,9 +212,9 @@ class ShingleSets:
         if k in self.columns:
             self.columns.move_to_end(k)
             return self.columns[k]
-        import pyarrow.parquet as pq
+        from llmpipe.document import read_columns
 
-        t = pq.read_table(self.files[k][1], columns=["text", "metadata"])
+        t = read_columns(self.files[k][1], ["text", "metadata"])
         self.reads += 1
         self.columns[k] = (t.column("text"), t.column("metadata"))
         while len(self.columns) > 1 and sum(a.nbytes + b.nbytes for a, b in self.columns.values()) > self.max_bytes:

@@ -36,8 +36,11 @@ from llmpipe.document import (
     SHARDS,
     input_shards,
     iter_documents,
+    numpy_array,
+    read_columns,
     rejected_paths,
     shard_paths,
+    string_array,
     write_shard,
 )
 from llmpipe.files import link_file
@@ -123,7 +126,7 @@ def shard_signatures(job: SignatureJob, out_dir: Path) -> dict[str, Any]:
     sig = np.concatenate(sigs) if sigs else np.zeros((0, job.num_perm), np.uint32)
     np.save(out_dir / "sig.npy", sig)
     np.save(out_dir / "exact.npy", np.array(hashes, dtype=np.uint64))
-    pq.write_table(pa.table({"id": pa.array(ids, pa.string())}), out_dir / "ids.parquet")
+    pq.write_table(pa.table({"id": string_array(ids)}), out_dir / "ids.parquet")
     return {"docs": len(ids)}
 
 
@@ -200,7 +203,7 @@ class _Ids:
         if k not in self.cache:
             if len(self.cache) >= 8:  # bounded: keepers mostly sit in a few recent shards
                 self.cache.pop(next(iter(self.cache)))
-            self.cache[k] = pq.read_table(self.files[k][1], columns=["id"]).column("id").to_pylist()
+            self.cache[k] = read_columns(self.files[k][1], ["id"]).column("id").to_pylist()
         return self.cache[k][idx - self.files[k][0]]
 
 
@@ -272,7 +275,7 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
                 link_file(prev[0] / rel, ctx.out / rel)
         sig_store.add(core.Segment(first, ps["n"], index_dir / "shards" / stem / "sig.npy"))
         ids.add(first, index_dir / "shards" / stem / "docs.parquet")
-        t = pq.read_table(index_dir / "shards" / stem / "docs.parquet", columns=["exact_hash", "status", "keeper"])
+        t = read_columns(index_dir / "shards" / stem / "docs.parquet", ["exact_hash", "status", "keeper"])
         st = t.column("status").to_numpy()
         eh = t.column("exact_hash").to_numpy()
         uniq = np.flatnonzero(st != core.EXACT)
@@ -372,12 +375,12 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
                 kp = int(keeper_new[f0 + row - n_old_docs])
                 if kp != f0 + row:
                     status[row], keeper[row] = core.NEAR, kp
-        row_ids = pq.read_table(ps["dir"] / "ids.parquet").column("id").to_pylist()
+        row_ids = read_columns(ps["dir"] / "ids.parquet").column("id").to_pylist()
         shard_index = index_dir / "shards" / ps["stem"]
         link_file(ps["dir"] / "sig.npy", shard_index / "sig.npy")
-        pq.write_table(pa.table({"id": pa.array(row_ids, pa.string()),
-                                 "exact_hash": pa.array(np.load(ps["dir"] / "exact.npy"), pa.uint64()),
-                                 "status": pa.array(status, pa.uint8()), "keeper": pa.array(keeper, pa.int64())}),
+        pq.write_table(pa.table({"id": string_array(row_ids),
+                                 "exact_hash": numpy_array(np.load(ps["dir"] / "exact.npy"), "uint64"),
+                                 "status": numpy_array(status, "uint8"), "keeper": numpy_array(keeper, "int64")}),
                        shard_index / "docs.parquet")
         keeper_ids = [None if status[r] == core.KEPT else ids.get(int(keeper[r])) for r in range(n)]
         splits.append(SplitJob(ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
@@ -439,7 +442,7 @@ def _disk_array(path: Path, n: int) -> np.ndarray:
 
 def exact_index_mask(docs_parquet: Path) -> np.ndarray:
     """Rows of a shard's index that are exact-unique (the ones the LSH holds)."""
-    return pq.read_table(docs_parquet, columns=["status"]).column("status").to_numpy() != core.EXACT
+    return read_columns(docs_parquet, ["status"]).column("status").to_numpy() != core.EXACT
 
 
 def _insert(index: Any, band_dir: Path, idx: np.ndarray, sigs: np.ndarray, query: bool) -> np.ndarray | None:

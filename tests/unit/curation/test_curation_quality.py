@@ -140,6 +140,37 @@ def test_ngram_hashes_by_level_and_the_dup_shortcut_give_the_direct_figures() ->
     assert d.metadata["scores"]["gopher_repetition"]["dup_n_gram_char_frac"] == pytest.approx(direct)
 
 
+
+def _dup_chars_scan(h: list[int], lens: list[int], n: int) -> int:
+    """Gopher's duplicate n-gram scan as written: every position, left to right, skipping each repeat."""
+    seen: set[int] = set()
+    total, i = 0, 0
+    while i < len(h):
+        if h[i] in seen:
+            total += sum(lens[i : i + n])
+            i += n
+        else:
+            seen.add(h[i])
+            i += 1
+    return total
+
+
+def test_dup_ngram_chars_visits_only_repeated_ngrams_with_the_scans_result() -> None:
+    """The scan restricted to n-grams that occur more than once gives the full scan's figure (random
+    word sequences over small vocabularies: overlapping repeats, repeats inside skipped spans)."""
+    import numpy as np
+
+    from llmpipe.curation.quality import _dup_ngram_chars, _ngram_hashes
+
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        size = int(rng.integers(1, 60))
+        ids = rng.integers(0, int(rng.integers(1, 12)), size).astype(np.uint64)
+        lens = rng.integers(1, 9, size).astype(np.int64)
+        for n in range(1, min(size, 6) + 1):
+            h = _ngram_hashes(ids, n)
+            assert _dup_ngram_chars(h, lens, n) == _dup_chars_scan(h.tolist(), lens.tolist(), n)
+
 C4_CASES = {
     "lorem_ipsum": GOOD_EN + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.",
     "curly_bracket": GOOD_EN + "\nThe function body is { return x; } in this example text.",

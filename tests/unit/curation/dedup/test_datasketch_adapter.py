@@ -47,6 +47,13 @@ def test_default_config_params_unchanged() -> None:
     assert got == (28, 9), "datasketch's optimum for the default config changed"
 
 
+@pytest.mark.parametrize("key", sorted(ds.KNOWN_OPTIMA))
+def test_known_optima_are_minhashlsh_own(key: tuple[float, int, float, float]) -> None:
+    threshold, num_perm, fp, fn = key
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp, fn))
+    assert ds.KNOWN_OPTIMA[key] == (lsh.b, lsh.r), f"datasketch's optimum for {key} changed: update KNOWN_OPTIMA"
+
+
 def test_optimal_params_below_two_bands_falls_back() -> None:
     with pytest.raises(ValueError, match="b < 2"):  # if this fails, datasketch accepts b < 2: drop the fallback
         MinHashLSH(threshold=0.99, num_perm=64, weights=(0.1, 0.9))
