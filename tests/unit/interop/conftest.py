@@ -62,6 +62,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def deploy_artifact(checkpoint: Path, out: Path, engine: str = "triton") -> Path:
+    """The deploy stage's artifact around ``checkpoint`` (its own files; no server check of its own:
+    the calling test is the check)."""
+    import logging
+
+    from llmpipe.serving.config import DeployConfig
+    from llmpipe.serving.stage import run_deploy
+    from llmpipe.stage import STAGES as STAGE_SPECS
+    from llmpipe.stage import StageContext
+    from llmpipe.store import ArtifactStore
+
+    out.mkdir()
+    run_deploy(StageContext(spec=STAGE_SPECS["deploy"], config=DeployConfig(verify=False, engine=engine), pipeline=None,
+                            key="k", out=out, inputs={"quantize": checkpoint}, input_keys={"quantize": "q"},
+                            store=ArtifactStore(out.parent / "store"), log=logging.getLogger("t")))
+    return out
+
+
 def end_of_document_prompts(tokenize_dir: Path, eos: int, n: int, width: int = 48) -> list[list[int]]:
     """The ``width`` tokens before each of the first ``n`` end-of-text tokens of held-out sequences."""
     from llmpipe.training.data import open_packed

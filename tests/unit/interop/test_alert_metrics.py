@@ -8,7 +8,6 @@ blind: this fails instead."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -29,6 +28,7 @@ from llmpipe.serving import monitoring
 from llmpipe.serving import server as srv
 from llmpipe.serving.monitoring import metric_sum, read_metrics
 from tests.conftest import ROOT
+from tests.unit.interop.conftest import deploy_artifact
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh"),
@@ -47,18 +47,6 @@ def _names(expr: str) -> set[str]:
     return set(re.findall(r"\b((?:nv|llmpipe)_[a-z_]+)\b", expr))
 
 
-def _deploy(checkpoint: Path, out: Path) -> Path:
-    """The deploy stage's artifact around ``checkpoint`` (no server check of its own: this test is one)."""
-    from llmpipe.serving.config import DeployConfig
-    from llmpipe.serving.stage import run_deploy
-    from llmpipe.stage import STAGES, StageContext
-    from llmpipe.store import ArtifactStore
-
-    out.mkdir()
-    run_deploy(StageContext(spec=STAGES["deploy"], config=DeployConfig(verify=False), pipeline=None, key="k", out=out,
-                            inputs={"quantize": checkpoint}, input_keys={"quantize": "q"},
-                            store=ArtifactStore(out.parent / "store"), log=logging.getLogger("t")))
-    return out
 
 
 def _query(prometheus: str, expr: str) -> list[dict[str, Any]]:
@@ -91,7 +79,7 @@ def _stream(client: Any, model: str, n: int) -> None:
 def test_every_metric_the_alerts_watch_is_served(quantize_dir: Path, tmp_path: Path) -> None:
     import openai
 
-    deploy = _deploy(quantize_dir, tmp_path / "deploy")
+    deploy = deploy_artifact(quantize_dir, tmp_path / "deploy")
     http, grpc, metrics, api, prom, am = free_ports(6)
     llmpipe = Path(sys.executable).parent / "llmpipe"  # the console script, as a user runs it
     cmd = [str(llmpipe), "serve", str(deploy), "--engine", "llmpipe", "--http-port", str(http), "--grpc-port",

