@@ -175,26 +175,12 @@ def _compressed_lines(path: Path | str, kind: str) -> Iterator[tuple[int, bytes 
         errors += (zstandard.ZstdError,)
     with open_source(path) as raw:  # outside the try: a file that cannot be opened is no stream error
         blocks = _gzip_blocks(raw) if kind == "gzip" else _zstd_blocks(raw)
-        no, pending = 1, []  # the pieces of a line that spans blocks (joined once, however long)
-        while True:
-            try:
-                block = next(blocks)
-            except StopIteration:
-                break
-            except errors as e:
-                yield no, _stream_cut(kind, no - 1, e)
-                return
-            start = 0
-            while (end := block.find(b"\n", start) + 1) > 0:  # lines end at LF only, as a plain file's do
-                line = block[start:end]
-                if pending:
-                    line, pending = b"".join([*pending, line]), []
-                yield no, line
-                no, start = no + 1, end
-            if start < len(block):
-                pending.append(block[start:])
-        if pending:
-            yield no, b"".join(pending)
+        last = 0
+        try:  # an error ends the splitter too: the part of a line decompressed so far goes with it
+            for last, line in _split_lines(blocks):
+                yield last, line
+        except errors as e:
+            yield last + 1, _stream_cut(kind, last, e)
 
 
 def _lines(path: Path | str, chunk: tuple[int, ...] | None) -> Iterator[tuple[int, bytes | Bad]]:
@@ -223,8 +209,14 @@ def _lines(path: Path | str, chunk: tuple[int, ...] | None) -> Iterator[tuple[in
 def _block_lines(raw: BinaryIO) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes with their newline) of a stream read in blocks: a remote file's
     ``readline`` reads (and copies) a whole read-ahead block per line."""
+    return _split_lines(iter(lambda: raw.read(_BLOCK), b""))
+
+
+def _split_lines(blocks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes with their newline) of a stream given as blocks; lines end at LF only, as a
+    plain file's do, and a line that spans blocks is joined once, however long."""
     no, pending = 1, []
-    while block := raw.read(_BLOCK):
+    for block in blocks:
         start = 0
         while (end := block.find(b"\n", start) + 1) > 0:
             line = block[start:end]
