@@ -427,24 +427,14 @@ class ArtifactStore:
         """Artifacts no recorded run reaches, per-shard results (``_shards/``) none of the reached
         artifacts was made from, and temporary leftovers of killed runs in both: (path, bytes)."""
         keep = self.reachable()
-        shards = self.reachable_shards(keep)
         live, dead = self.live_runs()
-        busy = {st for run in live for st in run.get("artifacts", {})}  # stages a running run works in
-        for st, k in ((st, k) for run in live for st, k in run.get("artifacts", {}).items()):
-            keep.add((st, k))
-            shards[st] = None
+        plan = _GcPlan(keep | {(st, k) for run in live for st, k in run.get("artifacts", {}).items()},
+                       self.reachable_shards(keep), {st for run in live for st in run.get("artifacts", {})}, dead)
         doomed: list[Path] = []
         for stage_dir in (p for p in self.local.iterdir() if p.is_dir() and not p.name.startswith("_")):
-            for art in stage_dir.iterdir():
-                if art.name.startswith(".tmp-"):
-                    if stage_dir.name not in busy:
-                        doomed.append(art)
-                elif not art.name.startswith((".", "_")) and (stage_dir.name, art.name) not in keep:
-                    doomed.append(art)
-            used = shards.get(stage_dir.name, set())
-            if (stage_dir / SHARDS_DIR).is_dir() and stage_dir.name not in busy:
-                doomed += [d for d in (stage_dir / SHARDS_DIR).iterdir()
-                           if d.name.startswith(".tmp-") or (used is not None and d.name not in used)]
+            doomed += [art for art in stage_dir.iterdir() if plan.collects(stage_dir.name, art.name)]
+            if (stage_dir / SHARDS_DIR).is_dir():
+                doomed += [d for d in (stage_dir / SHARDS_DIR).iterdir() if plan.collects_shard(stage_dir.name, d.name)]
         doomed += [self.local / RUNS / name for name in dead if (self.local / RUNS / name).is_file()]
         out = [(str(p), _du(p) if p.is_dir() else p.stat().st_size) for p in sorted(doomed)]
         if not dry_run:
@@ -455,10 +445,9 @@ class ArtifactStore:
                 shutil.rmtree(p, ignore_errors=True)
                 stamp = p.parent / ".stamps" / f"{p.name}.json"
                 stamp.unlink(missing_ok=True)
-        return out + ([] if self.is_local else self._gc_remote(keep, shards, busy, dead, dry_run))
+        return out + ([] if self.is_local else self._gc_remote(plan, dry_run))
 
-    def _gc_remote(self, keep: set[tuple[str, str]], shards: dict[str, set[str] | None], busy: set[str],
-                   dead: list[str], dry_run: bool) -> list[tuple[str, int]]:
+    def _gc_remote(self, plan: _GcPlan, dry_run: bool) -> list[tuple[str, int]]:
         """The same collection on a remote root: artifacts, ``_shards/`` entries and ``.tmp-*`` folders
         (a killed driver's or worker's uploads), named by URL."""
         root = self.root.as_posix()
@@ -467,15 +456,10 @@ class ArtifactStore:
             stage = Path(stage_path).name
             if stage.startswith("_"):
                 continue
-            for path in self._remote_dirs(stage_path):
-                name = Path(path).name
-                if (name.startswith(".tmp-") and stage not in busy) or \
-                        (not name.startswith((".", "_")) and (stage, name) not in keep):
-                    doomed.append(path)
-            used = shards.get(stage, set())
-            doomed += [p for p in self._remote_dirs(f"{stage_path}/{SHARDS_DIR}") if stage not in busy and
-                       (Path(p).name.startswith(".tmp-") or (used is not None and Path(p).name not in used))]
-        doomed += [f"{root}/{RUNS}/{name}" for name in dead if self.fs.exists(f"{root}/{RUNS}/{name}")]
+            doomed += [p for p in self._remote_dirs(stage_path) if plan.collects(stage, Path(p).name)]
+            doomed += [p for p in self._remote_dirs(f"{stage_path}/{SHARDS_DIR}")
+                       if plan.collects_shard(stage, Path(p).name)]
+        doomed += [f"{root}/{RUNS}/{name}" for name in plan.dead if self.fs.exists(f"{root}/{RUNS}/{name}")]
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         out = [(f"{protocol}://{p.lstrip('/')}", int(self.fs.du(p))) for p in sorted(doomed)]
         if not dry_run:
@@ -490,6 +474,28 @@ class ArtifactStore:
         except FileNotFoundError:
             return []
         return sorted(e["name"] for e in entries if e["type"] == "directory")
+
+
+@dataclass(frozen=True)
+class _GcPlan:
+    """What gc keeps, the same for this machine's cache and a remote root."""
+
+    keep: set[tuple[str, str]]  # (stage, key) reached by a recorded run or planned by a running one
+    shards: dict[str, set[str] | None]  # per stage, the per-shard results kept artifacts used (None: all)
+    busy: set[str]  # stages a running run works in: their per-shard results and .tmp-* stay
+    dead: list[str]  # run records of runs killed while running
+
+    def collects(self, stage: str, name: str) -> bool:
+        """An entry of a stage folder: a temporary folder no running run may own, or an unreached artifact."""
+        if name.startswith(".tmp-"):
+            return stage not in self.busy
+        return not name.startswith((".", "_")) and (stage, name) not in self.keep
+
+    def collects_shard(self, stage: str, name: str) -> bool:
+        if stage in self.busy:
+            return False
+        used = self.shards.get(stage, set())
+        return name.startswith(".tmp-") or (used is not None and name not in used)
 
 
 def _process_started(pid: int) -> float | None:
