@@ -25,7 +25,8 @@ look the way they do:
   token (:class:`RunningBatch`), so a stream that arrives while others run waits one step for its
   first token, not for their whole answers. At most ``max_waiting`` streams wait for a row (more
   are refused at once, ``overloaded``: a queue out of Triton's sight must not grow without bound),
-  and a waiting stream whose client cancelled is dropped before its prefill.
+  and a waiting stream whose client cancelled is dropped before its prefill. The gauge
+  ``llmpipe_streams{state="running"|"waiting"}`` shows both counts (Triton's queue metrics cannot).
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
   its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
@@ -60,6 +61,7 @@ TOKENS_METRIC = "llmpipe_generated_tokens_total"  # new tokens sent to clients
 PASSES_METRIC = "llmpipe_stream_forward_passes_total"  # the streaming model's forward passes (prefill or step)
 RESPONSES_METRIC = "llmpipe_stream_responses_total"  # the streaming model's responses that carried tokens
 UNSTARTED_METRIC = "llmpipe_stream_cancelled_unstarted_total"  # streams cancelled while they waited: never prefilled
+STREAMS_METRIC = "llmpipe_streams"  # the streaming model's open streams now, by state (running / waiting)
 STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
@@ -760,11 +762,13 @@ class StreamScheduler:
 
     def __init__(self, batch: RunningBatch, max_rows: int, on_error: Callable[[Stream, Exception], None],
                  report_passes: Callable[[int], None] | None = None, max_waiting: int | None = None,
-                 on_cancelled: Callable[[Stream], None] | None = None) -> None:
+                 on_cancelled: Callable[[Stream], None] | None = None,
+                 on_depth: Callable[[int, int], None] | None = None) -> None:
         self.batch, self.max_rows, self.on_error = batch, max(1, max_rows), on_error
         self.report_passes, self.reported = report_passes, 0
         self.max_waiting, self.on_cancelled = max_waiting, on_cancelled
         self.queued = 0  # streams submitted that have not joined the batch (or been dropped) yet
+        self.on_depth, self.depth = on_depth, (0, 0)  # (running, waiting) as last reported
         self.lock = threading.Lock()
         self.inbox: queue.Queue[list[Stream] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="llmpipe-streams", daemon=True)
@@ -780,7 +784,20 @@ class StreamScheduler:
             self.queued += len(taken)
         if taken:
             self.inbox.put(taken)
+            self._report_depth()
         return refused
+
+    def _report_depth(self) -> None:
+        """``on_depth(running, waiting)`` when either changed: a stream's join, leave or arrival, not a
+        token (each report is a round trip to the server)."""
+        if self.on_depth is None:
+            return
+        with self.lock:
+            depth = (len(self.batch), self.queued)
+            if depth == self.depth:
+                return
+            self.depth = depth
+            self.on_depth(*depth)  # under the lock: two threads' reports cannot land out of order
 
     def stop(self) -> None:
         self.inbox.put(None)
@@ -817,6 +834,7 @@ class StreamScheduler:
                 open_ = self.batch.close_all()
                 seen = {id(s) for s in open_}
                 self._fail([*open_, *(s for s in joining if not s.done and id(s) not in seen)], e)
+            self._report_depth()
 
     def _drop_cancelled(self, streams: list[Stream]) -> list[Stream]:
         """The streams whose clients still wait; the others end before any work is spent on them (asked
@@ -876,6 +894,9 @@ class TritonPythonModel:
                                   kind=pb_utils.MetricFamily.COUNTER),
             pb_utils.MetricFamily(name=UNSTARTED_METRIC, description="Streams whose client cancelled while they "
                                   "waited for a row: dropped before their prefill", kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name=STREAMS_METRIC, description="The streaming model's open streams now: "
+                                  "running (a row of the batch) or waiting for a row (at most deploy.max_waiting)",
+                                  kind=pb_utils.MetricFamily.GAUGE),
         ]
         self.refused = self.families[0].Metric(labels={**labels, "reason": "refused"})
         self.failed = self.families[0].Metric(labels={**labels, "reason": "failed"})
@@ -892,10 +913,13 @@ class TritonPythonModel:
             sys.setswitchinterval(min(sys.getswitchinterval(), STREAM_SWITCH_INTERVAL_S))
             self.outbox = Outbox(self._send_failed, _answer, self._counting_responses,
                                  linger_s=limits.stream_linger_ms / 1000)
+            self.running = self.families[5].Metric(labels={**labels, "state": "running"})
+            self.waiting = self.families[5].Metric(labels={**labels, "state": "waiting"})
             batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
             self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment,
-                                             max_waiting=limits.max_waiting, on_cancelled=self._stream_cancelled)
+                                             max_waiting=limits.max_waiting, on_cancelled=self._stream_cancelled,
+                                             on_depth=self._streams_now)
         # what is loaded now (torch, transformers, the model) lives as long as the model: out of the
         # collector's sight, a full collection while serving scans only what came after (0.5 ms seen)
         # instead of all of it (160-200 ms each, measured during the model's loading)
@@ -964,6 +988,10 @@ class TritonPythonModel:
                 f"(deploy.max_waiting); retry later")), final)
         if refused:
             self.overloaded.increment(len(refused))
+
+    def _streams_now(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
 
     def _stream_cancelled(self, stream: Stream) -> None:
         """Its client cancelled while it waited: closed, never prefilled (counted)."""

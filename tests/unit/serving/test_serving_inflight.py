@@ -6,6 +6,7 @@ threads, failing only the streams of a step that raised."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,37 @@ def test_a_step_that_raises_fails_its_streams_and_the_next_ones_are_served(gen: 
         sched.stop()
     assert len(errors) == 1 and isinstance(errors[0][1], IndexError)
     assert [t for t, _ in got[0]] == gen.generate([requests[2]])[0]
+
+
+def test_the_scheduler_bounds_its_waiting_list_and_reports_its_depth(gen: Generator,
+                                                                     requests: list[GenRequest]) -> None:
+    """3 rows and 2 waiting: of 8 streams submitted at once, 3 are refused; the (running, waiting) reports
+    (the model's ``llmpipe_streams`` gauge) are states the scheduler passed through, never past the
+    bounds, each a change, and the last one (0, 0) once every stream ended."""
+    depths: list[tuple[int, int]] = []
+    finished = threading.Event()
+    ended: list[int] = []
+
+    def stream(i: int) -> Stream:
+        def on_token(tok: int, last: bool) -> bool:
+            if last:
+                ended.append(i)
+                if len(ended) == 5:
+                    finished.set()
+            return False
+        return Stream(requests[i], on_token)
+
+    sched = StreamScheduler(RunningBatch(gen.model, set(), gen.pad_id), 3, lambda s, e: None,
+                            max_waiting=2, on_depth=lambda running, waiting: depths.append((running, waiting)))
+    try:
+        refused = sched.submit([stream(i) for i in range(8)])
+        assert finished.wait(60)
+        deadline = time.monotonic() + 10
+        while depths[-1] != (0, 0):  # the last leave is reported after the step that ended it
+            assert time.monotonic() < deadline, depths
+            time.sleep(0.01)
+    finally:
+        sched.stop()
+    assert len(refused) == 3 and sorted(ended) == [0, 1, 2, 3, 4]
+    assert all(r <= 3 and w <= 5 and r + w <= 5 for r, w in depths), depths
+    assert (3, 2) in depths and all(a != b for a, b in zip(depths, depths[1:], strict=False))
