@@ -258,7 +258,8 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
             texts = [doc.text for s in shards for doc in iter_documents(s.path)]
             v = dv.embed(texts, str(resolve_path(ctx, cfg.encoder)), cfg.encoder_max_length, device=cfg.encoder_device)
             labels = dv.kmeans(v.toarray(), cfg.clusters, cfg.iterations, cfg.seed)
-            dup, best = dv.near_duplicates(v, labels, cfg.threshold)
+            dup, best = dv.near_duplicates(v, labels, cfg.threshold, max_compared=cfg.max_compared,
+                                           iterations=cfg.iterations, seed=cfg.seed)
         else:
             y = dv.sketch_to_file(tf, idf, cfg.sketch_dims, cfg.seed, Path(work) / "sketch.f64")
             labels = dv.kmeans(y, cfg.clusters, cfg.iterations, cfg.seed)
@@ -268,7 +269,8 @@ def run_diversity(ctx: StageContext) -> dict[str, Any]:
         grouped = dv.ClusterRows(tf, idf, labels, Path(work) / "clusters")
         for j, members, xm in grouped.clusters():  # one cluster's TF-IDF rows in memory at a time
             if not cfg.encoder:
-                dv.cluster_duplicates(xm, members, cfg.threshold, dup, best, dv.DUP_BLOCK)
+                dv.bounded_duplicates(xm, members, cfg.threshold, dup, best, dv.DUP_BLOCK, cfg.max_compared,
+                                      cfg.iterations, cfg.seed)
             tops[j] = dv.distinctive(xm, grouped.overall, cfg.top_terms)
     codes, cap = dv.decide(labels, dup, cfg.max_cluster_share)
     funnel = write_decisions(ctx, shards, None, _shard_decisions(shards, sizes, labels, best, codes, dup))

@@ -151,6 +151,9 @@ class DiversityConfig(Section):
     seed: int = Field(0, ge=0)
     threshold: float | None = Field(0.9, description="cosine similarity from which two docs of a cluster are "
                                     "duplicates (the earliest is kept); None = no semantic dedup")
+    max_compared: int = Field(20_000, ge=2, description="documents compared with each other at most: a larger "
+                              "cluster is split for the duplicate step (k-means on its rows, then runs in corpus "
+                              "order), so the step costs at most n x max_compared cosines, not n^2 / clusters")
     max_cluster_share: float | None = Field(None, description="most of the kept documents one cluster may hold "
                                             "(earliest kept); None = no cap")
     top_terms: int = Field(8, ge=1, description="terms reported per cluster")

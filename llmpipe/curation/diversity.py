@@ -24,6 +24,14 @@ for the duplicate step and the top terms, one cluster at a time. Every operation
 adds rows in corpus order as the stacked computation did, so the decisions are those of the
 in-memory version (checked on the test and benchmark corpora).
 
+Time: the duplicate step compares every document with the earlier ones of its group, and a group
+is a cluster of at most ``max_compared`` documents. A larger cluster is split for this step only
+(:func:`compare_groups`: spherical k-means on a small count sketch of its rows, into groups of at
+most that many, and runs in corpus order of whatever k-means cannot split, e.g. identical rows),
+so the step costs at most ``n * max_compared`` cosines, not ``n^2 / clusters`` (2M documents in 16
+clusters would be ~10^11). Clusters, caps and the report are unchanged by the split; a document's
+``max_similarity`` is then over the earlier documents of its group. Below the bound nothing splits.
+
 Feature hashing uses CRC-32 of the UTF-8 n-gram (never Python's salted ``hash``), so the same
 documents give the same vectors, clusters and decisions in every process and run.
 """
@@ -47,6 +55,7 @@ TF = "tf.npz"  # per shard, in the shard cache: term counts (CSR parts) of its d
 ROW_BLOCK = 4096  # rows of the sketch per k-means step (fixed: the labels must not depend on memory)
 DUP_BLOCK = 2048  # rows of a cluster compared with the whole cluster at a time, at most
 DUP_CELLS = 1 << 22  # ... and at most this many cosines at a time (32 MiB): a large cluster takes fewer rows
+SPLIT_DIMS = 64  # the count sketch a cluster over ``max_compared`` documents is split in (8 bytes x 64 a row)
 
 
 def ngrams(text: str, lang: str | None) -> list[str]:
@@ -241,18 +250,47 @@ def cluster_duplicates(xm: Any, members: np.ndarray, threshold: float | None, du
                 kept[i] = True
 
 
-def near_duplicates(x: Any, labels: np.ndarray, threshold: float | None, block: int = DUP_BLOCK
+def near_duplicates(x: Any, labels: np.ndarray, threshold: float | None, block: int = DUP_BLOCK,
+                    max_compared: int | None = None, iterations: int = 25, seed: int = 0
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(duplicate_of: the earliest kept doc of the same cluster with cosine >= threshold, else -1;
-    max_similarity: the highest cosine with any earlier doc of the cluster), by global row index
-    (every row in memory: the encoder's embeddings; the TF-IDF path goes through :class:`ClusterRows`)."""
+    """(duplicate_of: the earliest kept doc of the same group with cosine >= threshold, else -1;
+    max_similarity: the highest cosine with any earlier doc of the group), by global row index
+    (every row in memory: the encoder's embeddings; the TF-IDF path goes through :class:`ClusterRows`).
+    A group is a cluster, or a part of one over ``max_compared`` (:func:`bounded_duplicates`)."""
     n = x.shape[0]
     dup = np.full(n, -1, np.int64)
     best = np.zeros(n, np.float64)
     for j in np.unique(labels):
         members = np.flatnonzero(labels == j)  # ascending: corpus order
-        cluster_duplicates(x[members], members, threshold, dup, best, block)
+        bounded_duplicates(x[members], members, threshold, dup, best, block, max_compared, iterations, seed)
     return dup, best
+
+
+def bounded_duplicates(xm: Any, members: np.ndarray, threshold: float | None, dup: np.ndarray, best: np.ndarray,
+                       block: int, max_compared: int | None, iterations: int, seed: int) -> None:
+    """:func:`cluster_duplicates` on each of the cluster's :func:`compare_groups` (the cluster itself
+    when it has at most ``max_compared`` rows, or the bound is None)."""
+    if max_compared is None or len(members) <= max_compared:
+        cluster_duplicates(xm, members, threshold, dup, best, block)
+        return
+    y = _sketch_rows(xm, _count_sketch(xm.shape[1], SPLIT_DIMS, seed))
+    for g in compare_groups(y, max_compared, iterations, seed):
+        cluster_duplicates(xm[g], members[g], threshold, dup, best, block)
+
+
+def compare_groups(y: np.ndarray, bound: int, iterations: int, seed: int) -> list[np.ndarray]:
+    """A partition of the rows of ``y`` (unit rows) into groups of at most ``bound`` rows, each group's
+    indexes ascending: spherical k-means into ``2 * ceil(m / bound)`` parts, each part over the bound
+    split again the same way, and a part k-means leaves whole (its rows alike) cut into runs of
+    ``bound`` rows in row order. The same rows and seed give the same groups."""
+    m = len(y)
+    if m <= bound:
+        return [np.arange(m)]
+    labels = kmeans(y, 2 * -(-m // bound), iterations, seed)
+    parts = [np.flatnonzero(labels == j) for j in np.unique(labels)]
+    if len(parts) == 1:  # k-means could not split it: runs in corpus order
+        return [np.arange(a, min(a + bound, m)) for a in range(0, m, bound)]
+    return [part[g] for part in parts for g in compare_groups(y[part], bound, iterations, seed)]
 
 
 class ClusterRows:

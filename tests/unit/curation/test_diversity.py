@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -187,3 +188,54 @@ def test_streamed_parts_and_blocks_give_the_stacked_results(tmp_path: Path) -> N
         dv.cluster_duplicates(xm, members, 0.8, dup2, best2, block=7)  # a few rows at a time
         assert dv.distinctive(xm, grouped.overall, 8)
     assert np.array_equal(dup, dup2) and np.array_equal(best, best2)
+
+
+def test_compare_groups_partition_a_large_cluster_into_bounded_groups() -> None:
+    """Every row in exactly one group, none over the bound, indexes ascending, the same groups from the
+    same rows and seed; rows k-means cannot tell apart are cut into corpus-order runs."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(1000, 16))
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    groups = dv.compare_groups(y, 100, 25, 0)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(1000))
+    assert all(0 < len(g) <= 100 and np.all(np.diff(g) > 0) for g in groups)
+    assert sum(len(g) ** 2 for g in groups) <= 1000 * 100  # the duplicate step's cosines: n x bound at most
+    assert all(np.array_equal(a, b) for a, b in zip(groups, dv.compare_groups(y, 100, 25, 0), strict=True))
+    same = np.tile(y[:1], (350, 1))
+    assert [g.tolist() for g in dv.compare_groups(same, 100, 25, 0)] == [
+        list(range(a, min(a + 100, 350))) for a in (0, 100, 200, 300)]
+
+
+def test_a_cluster_over_max_compared_finds_its_copies_in_bounded_groups(tmp_path: Path) -> None:
+    """One cluster of 960 documents (60 planted copies) compared in groups of at most 200: the copies are
+    still found; with a bound over the cluster's size the result is the unbounded one. 10,000 identical
+    pages (the 10^5-of-the-same case) cost 10,000 x 500 cosines, not 10,000^2 / 2: one kept per run."""
+    import numpy as np
+    from scipy import sparse
+
+    from llmpipe.document import write_shard
+
+    docs = _topic_docs(900, seed=3)
+    docs += [Document(f"c{i}", d.text.replace(".", " again."), "web", {}) for i, d in enumerate(docs[:60])]
+    shard, out = tmp_path / "s.parquet", tmp_path / "tf"
+    out.mkdir()
+    write_shard(shard, docs)
+    dv.term_counts(str(shard), 1 << 14, "en", out)
+    idf, _ = dv.idf_of([out / dv.TF], 1 << 14)
+    x = dv.tfidf_part(out / dv.TF, idf)
+    one = np.zeros(x.shape[0], np.int64)
+    full_dup, full_best = dv.near_duplicates(x, one, 0.8)
+    dup, best = dv.near_duplicates(x, one, 0.8, max_compared=200)
+    assert (full_dup[900:] >= 0).all() and (dup[900:] >= 0).all()  # every planted copy, bounded or not
+    assert np.array_equal(dup[900:], full_dup[900:])
+    assert all(np.array_equal(a, b) for a, b in zip((full_dup, full_best),
+                                                    dv.near_duplicates(x, one, 0.8, max_compared=960), strict=True))
+    row, n = x[:1], 10_000
+    same = sparse.csr_matrix((np.tile(row.data, n), np.tile(row.indices, n), np.arange(n + 1) * row.nnz),
+                             shape=(n, x.shape[1]))
+    t0 = time.process_time()
+    dup, _ = dv.near_duplicates(same, np.zeros(n, np.int64), 0.8, max_compared=500)
+    print(f"10,000 identical rows in groups of 500: {time.process_time() - t0:.2f} CPU s")
+    assert (dup < 0).sum() == 20 and set(dup[dup >= 0] // 500 * 500) <= set(np.flatnonzero(dup < 0))
