@@ -41,7 +41,7 @@ def vllm_greedy(runs: list[dict[str, object]]) -> list[dict[str, list] | str]:
     """vLLM's offline engine on each of ``runs`` (``model`` folder, ``prompts`` as token ids, ``max_tokens``,
     ``dtype``), all in ONE vLLM process (vllm_greedy.py): per run its greedy tokens and finish reasons,
     or the traceback of its engine's failure. One process, not one per model: vLLM's import and set-up
-    are most of a run here (~25 s on 2 cores), and every model of the module shares them."""
+    (~8 s of CPU, far more wall on a busy 2-core box) are paid once for the module's models."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
