@@ -4,7 +4,7 @@ the OpenAI API, in one run.
 The checkpoint is the pipeline's own export (``tests/fixtures/tiny_checkpoint``: the tokenizer stage's
 BPE, the pretrain stage's ``llama_config`` and export; hidden 128 in 4 heads of 32, the head size vLLM's
 CPU attention takes, and widths that are multiples of 32), written into a model repository by the
-deploy stage's writer. Each engine is started as a user starts it; both stay up and are measured in
+deploy stage's writer. Each engine is started as a user starts it (both at once); both stay up and are measured in
 alternating rounds, never both under load at once (on a shared box the load of other jobs moves either
 engine's figures by 2x between runs minutes apart, so one run each, minutes apart, compared noise):
 
@@ -34,13 +34,15 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 # benchmarks/ holds scripts named like stdlib modules (tokenize.py): keep it off the import path.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.fixtures
+
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402 - after the path fix (it imports tokenize)
 
 from benchmarks._common import result  # noqa: E402
 from llmpipe.processes import ManagedProcess, free_ports, wait_for_http  # noqa: E402
@@ -90,6 +92,15 @@ def vllm(repo: Path, tmp: Path, args: argparse.Namespace) -> Iterator[str]:
         yield warm(s.base_url)
 
 
+def start_both(servers: ExitStack, engines: dict[str, AbstractContextManager[str]]) -> dict[str, str]:
+    """Each engine's base URL, the engines started at the same time (each start is mostly one process
+    importing its stack, so on 2 cores the two overlap: the quick run was ~110 s with one after the
+    other). Nothing is measured while they start; ``servers`` stops both, also when one fails to start."""
+    with ThreadPoolExecutor(len(engines)) as pool:
+        started = {name: pool.submit(servers.enter_context, cm) for name, cm in engines.items()}
+    return {name: f.result() for name, f in started.items()}
+
+
 def show(engine: str, row: dict[str, Any]) -> None:
     print(f"{engine:6s} {row['requests']} requests, {row['output_tokens']} tokens in {row['seconds']:.2f} s: "
           f"{row['output_tokens_per_s']:.1f} tokens/s  TTFT p50/p99 {row['ttft_p50_ms']:.1f}/{row['ttft_p99_ms']:.1f} ms  "
@@ -133,8 +144,7 @@ def main() -> None:
         repo = tmp / "repo"
         write_model_repository(ckpt, repo, DeployConfig(model_name=MODEL, max_tokens_limit=max(64, args.max_tokens),
                                                      stream_linger_ms=args.stream_linger_ms), 1)
-        urls = {"ours": servers.enter_context(ours(repo, tmp, args)),
-                "vllm": servers.enter_context(vllm(repo, tmp, args))}
+        urls = start_both(servers, {"ours": ours(repo, tmp, args), "vllm": vllm(repo, tmp, args)})
         for r in range(args.rounds):
             for engine in (["ours", "vllm"] if r % 2 == 0 else ["vllm", "ours"]):
                 rows[engine].append(measure(urls[engine], args))

