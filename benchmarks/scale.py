@@ -168,6 +168,12 @@ class TreeSampler:
         self._thread.join()
 
 
+def _stage_line(docs: int, name: str, s: dict[str, float]) -> None:
+    """One stage's figures as soon as it ends, so a run stopped for time still tells how far it got."""
+    print(f"STAGE {docs} {name} wall {s['wall']:.2f}s driver-cpu {s['cpu']:.2f}s peak {s['peak_mb']:.0f} MiB "
+          f"at {time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}", flush=True)
+
+
 def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Generate the corpus and run the curation stages through the DAG; per-stage wall and peak RSS."""
     from llmpipe.config import load_config
@@ -177,6 +183,7 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     planted = make_corpus(tmp / "corpus", docs, args.shard_docs)
     gen_s = time.perf_counter() - t0
+    print(f"STAGE {docs} generate wall {gen_s:.2f}s planted {planted}", flush=True)
     cfg = load_config(None, data={
         "name": "scale-bench", "store": str(tmp / "store"), "state_dir": str(tmp / "state"),
         "sources": [{"name": "bench", "path": str(tmp / "corpus"), "format": "jsonl"}],
@@ -198,6 +205,7 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             arts[name] = art
             stages[name] = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0,
                             "peak_mb": sampler.peak / 2**20}
+            _stage_line(docs, name, stages[name])
     st = arts["dedup"].stats
     dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "seconds")}
     return {"docs": docs, "gen_s": gen_s, "planted": planted, "stages": stages, "dedup": dedup,
@@ -219,11 +227,17 @@ def measure(docs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One size in a fresh interpreter, so each size's peak is its own (not the previous size's)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(docs), "--workers", str(args.workers),
            "--backend", args.backend, "--budget-mb", str(args.budget_mb), "--shard-docs", str(args.shard_docs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"size {docs} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SCALE-JSON "))
-    return json.loads(line[len("SCALE-JSON "):])
+    result = ""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:  # stderr: the parent's
+        assert proc.stdout is not None
+        for line in proc.stdout:  # per-stage lines pass through as they come
+            if line.startswith("SCALE-JSON "):
+                result = line[len("SCALE-JSON "):]
+            elif line.startswith("STAGE "):
+                print("   " + line.rstrip(), flush=True)
+    if proc.returncode != 0 or not result:
+        raise SystemExit(f"size {docs} failed (exit {proc.returncode}); its stderr is above")
+    return json.loads(result)
 
 
 def show(r: dict[str, Any]) -> float:
