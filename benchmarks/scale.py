@@ -190,6 +190,7 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "executor": {"workers": args.workers},
         "ingest": {"max_docs_per_shard": args.shard_docs},
         "dedup": {"backend": args.backend, "memory_budget_mb": args.budget_mb},
+        **({"quality": {"filters": []}, "safety": {"filters": []}} if args.no_filters else {}),
     })
     store, planned = open_store(cfg), plan(cfg)
     executor = LocalExecutor(args.workers)
@@ -226,7 +227,8 @@ def child(args: argparse.Namespace) -> None:
 def measure(docs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One size in a fresh interpreter, so each size's peak is its own (not the previous size's)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(docs), "--workers", str(args.workers),
-           "--backend", args.backend, "--budget-mb", str(args.budget_mb), "--shard-docs", str(args.shard_docs)]
+           "--backend", args.backend, "--budget-mb", str(args.budget_mb), "--shard-docs", str(args.shard_docs),
+           *(["--no-filters"] if args.no_filters else [])]
     result = ""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:  # stderr: the parent's
         assert proc.stdout is not None
@@ -261,6 +263,9 @@ def main() -> None:
     ap.add_argument("--backend", default="external", choices=("external", "memory"), help="dedup LSH backend")
     ap.add_argument("--budget-mb", type=float, default=256, help="dedup memory_budget_mb (external backend)")
     ap.add_argument("--shard-docs", type=int, default=SHARD_DOCS, help="documents per source file and ingest shard")
+    ap.add_argument("--no-filters", action="store_true",
+                    help="quality and safety with no filters (they pass their shards through as hard links): "
+                         "dedup at scale without the filters' per-document CPU, where the full chain does not fit")
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
