@@ -208,7 +208,8 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                             "peak_mb": sampler.peak / 2**20}
             _stage_line(docs, name, stages[name])
     st = arts["dedup"].stats
-    dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "seconds")}
+    dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "id_shard_reads",
+                                       "seconds")}
     return {"docs": docs, "gen_s": gen_s, "planted": planted, "stages": stages, "dedup": dedup,
             "ingested": arts["ingest"].stats.get("ingested"), "kept": st.get("kept"),
             "maxrss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
