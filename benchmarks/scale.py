@@ -22,6 +22,10 @@ Memory should be flat, bounded by the stages' budgets rather than the corpus siz
 ``RESULT scale_memory_growth <peak RSS at the largest size / peak at the smallest> goal <= 1.5``.
 The dedup backend defaults to ``external`` (out of core, ``memory_budget_mb`` bounds a partition);
 ``--backend memory`` measures the in-memory index, which grows with the corpus by design.
+``--no-filters`` runs quality and safety with no filters (their stages pass the shards through as
+hard links; langid still runs): dedup at a size where the filters' per-document CPU does not fit the
+time at hand. Each stage prints a ``STAGE`` line as it ends, so a run stopped for time still tells
+how far it got.
 
     .venv/bin/python benchmarks/scale.py [--sizes 100000,500000,2000000] [--workers 2] [--backend external]
 """
