@@ -22,6 +22,10 @@ Memory should be flat, bounded by the stages' budgets rather than the corpus siz
 ``RESULT scale_memory_growth <peak RSS at the largest size / peak at the smallest> goal <= 1.5``.
 The dedup backend defaults to ``external`` (out of core, ``memory_budget_mb`` bounds a partition);
 ``--backend memory`` measures the in-memory index, which grows with the corpus by design.
+``--no-filters`` runs quality and safety with no filters (their stages pass the shards through as
+hard links; langid still runs): dedup at a size where the filters' per-document CPU does not fit the
+time at hand. Each stage prints a ``STAGE`` line as it ends, so a run stopped for time still tells
+how far it got.
 
     .venv/bin/python benchmarks/scale.py [--sizes 100000,500000,2000000] [--workers 2] [--backend external]
 """
@@ -168,6 +172,12 @@ class TreeSampler:
         self._thread.join()
 
 
+def _stage_line(docs: int, name: str, s: dict[str, float]) -> None:
+    """One stage's figures as soon as it ends, so a run stopped for time still tells how far it got."""
+    print(f"STAGE {docs} {name} wall {s['wall']:.2f}s driver-cpu {s['cpu']:.2f}s peak {s['peak_mb']:.0f} MiB "
+          f"at {time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}", flush=True)
+
+
 def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Generate the corpus and run the curation stages through the DAG; per-stage wall and peak RSS."""
     from llmpipe.config import load_config
@@ -177,12 +187,14 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     planted = make_corpus(tmp / "corpus", docs, args.shard_docs)
     gen_s = time.perf_counter() - t0
+    print(f"STAGE {docs} generate wall {gen_s:.2f}s planted {planted}", flush=True)
     cfg = load_config(None, data={
         "name": "scale-bench", "store": str(tmp / "store"), "state_dir": str(tmp / "state"),
         "sources": [{"name": "bench", "path": str(tmp / "corpus"), "format": "jsonl"}],
         "executor": {"workers": args.workers},
         "ingest": {"max_docs_per_shard": args.shard_docs},
         "dedup": {"backend": args.backend, "memory_budget_mb": args.budget_mb},
+        **({"quality": {"filters": []}, "safety": {"filters": []}} if args.no_filters else {}),
     })
     store, planned = open_store(cfg), plan(cfg)
     executor = LocalExecutor(args.workers)
@@ -198,8 +210,10 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             arts[name] = art
             stages[name] = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0,
                             "peak_mb": sampler.peak / 2**20}
+            _stage_line(docs, name, stages[name])
     st = arts["dedup"].stats
-    dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "seconds")}
+    dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "id_shard_reads",
+                                       "seconds")}
     return {"docs": docs, "gen_s": gen_s, "planted": planted, "stages": stages, "dedup": dedup,
             "ingested": arts["ingest"].stats.get("ingested"), "kept": st.get("kept"),
             "maxrss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -218,12 +232,19 @@ def child(args: argparse.Namespace) -> None:
 def measure(docs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One size in a fresh interpreter, so each size's peak is its own (not the previous size's)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(docs), "--workers", str(args.workers),
-           "--backend", args.backend, "--budget-mb", str(args.budget_mb), "--shard-docs", str(args.shard_docs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"size {docs} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SCALE-JSON "))
-    return json.loads(line[len("SCALE-JSON "):])
+           "--backend", args.backend, "--budget-mb", str(args.budget_mb), "--shard-docs", str(args.shard_docs),
+           *(["--no-filters"] if args.no_filters else [])]
+    result = ""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:  # stderr: the parent's
+        assert proc.stdout is not None
+        for line in proc.stdout:  # per-stage lines pass through as they come
+            if line.startswith("SCALE-JSON "):
+                result = line[len("SCALE-JSON "):]
+            elif line.startswith("STAGE "):
+                print("   " + line.rstrip(), flush=True)
+    if proc.returncode != 0 or not result:
+        raise SystemExit(f"size {docs} failed (exit {proc.returncode}); its stderr is above")
+    return json.loads(result)
 
 
 def show(r: dict[str, Any]) -> float:
@@ -247,6 +268,9 @@ def main() -> None:
     ap.add_argument("--backend", default="external", choices=("external", "memory"), help="dedup LSH backend")
     ap.add_argument("--budget-mb", type=float, default=256, help="dedup memory_budget_mb (external backend)")
     ap.add_argument("--shard-docs", type=int, default=SHARD_DOCS, help="documents per source file and ingest shard")
+    ap.add_argument("--no-filters", action="store_true",
+                    help="quality and safety with no filters (they pass their shards through as hard links): "
+                         "dedup at scale without the filters' per-document CPU, where the full chain does not fit")
     ap.add_argument("--quick", action="store_true", help="the test suite's small run (seconds, not a figure)")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()

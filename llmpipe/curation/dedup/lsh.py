@@ -265,12 +265,16 @@ class ExternalIndex:
             for s, e in zip(cuts, [*cuts[1:], len(blocks)], strict=True):
                 np.save(spill / f"{int(blocks[s]):08d}-{p:06d}.npy", edges[s:e])
         self.queries += 1
-        for b in range(-(-(last - first_new) // block)):
-            files = sorted(spill.glob(f"{b:08d}-*.npy"))
-            if files:
-                yield unique_edges(np.concatenate([np.load(f) for f in files]))
-                for f in files:
-                    f.unlink()
+        # one listing of the spill folder, grouped by block (a glob per block listed every block's
+        # files again: blocks x files, ~10^4 x 10^4 at 2M documents)
+        by_block: dict[int, list[Path]] = {}
+        for f in sorted(spill.glob("*.npy")):
+            by_block.setdefault(int(f.name.split("-", 1)[0]), []).append(f)
+        for b in sorted(by_block):
+            files = by_block.pop(b)
+            yield unique_edges(np.concatenate([np.load(f) for f in files]))
+            for f in files:
+                f.unlink()
         shutil.rmtree(spill, ignore_errors=True)
 
     def _query_lookup(self, first_new: int, block: int) -> Iterator[np.ndarray]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ core = lazy_import("llmpipe.curation.dedup.core")
 # 4: candidates are edges to each bucket's anchor; near duplicates verified by exact Jaccard vs the keeper
 # 5: one definition of unspaced scripts with quality and safety (llmpipe.curation.text): lzh, Bopomofo, Han ext. G+
 VERSION = "5"
+WRITE_WINDOW = 16  # input shards whose decisions the driver holds at once while writing the outputs
 INDEX_FORMAT = 3  # 2: memory index as base + deltas; 3: memory index rebuilt from the shards' signatures
 
 
@@ -188,23 +190,48 @@ def find_previous(ctx: StageContext, params: dict[str, Any], shards: list[dict[s
 
 
 class _Ids:
-    """Document ids by global index, read lazily per shard."""
+    """Document ids by global index, read per shard.
 
-    def __init__(self) -> None:
-        self.files: list[tuple[int, Path]] = []
-        self.cache: dict[int, list[str]] = {}
+    :meth:`get_many` reads each shard a batch of lookups needs once, in shard order, and holds the
+    ``cached`` most recently used id columns: a shard whose duplicates point into many earlier shards
+    costs one read of each per batch (a first-in-first-out cache of 8 read a keeper's shard again
+    for every other keeper once more than 8 shards held keepers)."""
+
+    def __init__(self, cached: int = 8) -> None:
+        self.files: list[Path] = []
+        self.firsts = np.zeros(0, np.int64)
+        self.cache: OrderedDict[int, Any] = OrderedDict()  # shard -> its id column (Arrow)
+        self.cached = cached
+        self.reads = 0  # id columns read (a test bounds them)
 
     def add(self, first: int, path: Path) -> None:
-        self.files.append((first, path))
+        self.files.append(path)
+        self.firsts = np.append(self.firsts, np.int64(first))
 
-    def get(self, idx: int) -> str:
-        firsts = [f for f, _ in self.files]
-        k = int(np.searchsorted(firsts, idx, side="right")) - 1
-        if k not in self.cache:
-            if len(self.cache) >= 8:  # bounded: keepers mostly sit in a few recent shards
-                self.cache.pop(next(iter(self.cache)))
-            self.cache[k] = read_columns(self.files[k][1], ["id"]).column("id").to_pylist()
-        return self.cache[k][idx - self.files[k][0]]
+    def _column(self, k: int) -> Any:
+        if k in self.cache:
+            self.cache.move_to_end(k)
+            return self.cache[k]
+        col = read_columns(self.files[k], ["id"]).column("id")
+        self.reads += 1
+        self.cache[k] = col
+        if len(self.cache) > self.cached:
+            self.cache.popitem(last=False)
+        return col
+
+    def get_many(self, idx: np.ndarray) -> list[str]:
+        """The ids of the documents ``idx`` (global indexes), in the order given."""
+        idx = np.asarray(idx, np.int64)
+        which = np.searchsorted(self.firsts, idx, side="right") - 1
+        order = np.argsort(which, kind="stable")
+        cuts = np.flatnonzero(np.diff(which[order])) + 1
+        out: list[str] = [""] * len(idx)
+        for sel in np.split(order, cuts) if len(idx) else []:
+            k = int(which[sel[0]])
+            got = self._column(k).take(pa.array(idx[sel] - self.firsts[k])).to_pylist()
+            for i, v in zip(sel.tolist(), got, strict=True):
+                out[i] = v
+        return out
 
 
 def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tuple[Path, dict] | None,
@@ -354,37 +381,30 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
                                    texts.prefetch if cfg.verify else None)
     edges.clear()
 
-    def keeper_of(i: int) -> int:
-        return int(old_keeper_arr[i]) if i < n_old_docs else int(keeper_new[i - n_old_docs])
-
     timings["cluster"] = time.perf_counter() - t3
 
-    # 5. per-shard decisions + index files, then the filtered outputs
+    # 5. per-shard decisions + index files, then the filtered outputs, a window of shards at a time:
+    # the driver holds one window's decisions (a byte and an id slot a document), not the corpus's
     t4 = time.perf_counter()
-    splits = []
-    for k, ps in enumerate(per_shard):
-        n, f0 = ps["n"], ps["first"]
-        target = np.load(work / f"target-{k}.npy")
-        status = np.zeros(n, np.uint8)
-        keeper = np.arange(f0, f0 + n, dtype=np.int64)
-        for row in range(n):
-            tgt = int(target[row])
-            if tgt >= 0:
-                status[row], keeper[row] = core.EXACT, keeper_of(tgt)
-            elif cfg.near:
-                kp = int(keeper_new[f0 + row - n_old_docs])
-                if kp != f0 + row:
-                    status[row], keeper[row] = core.NEAR, kp
-        row_ids = read_columns(ps["dir"] / "ids.parquet").column("id").to_pylist()
-        shard_index = index_dir / "shards" / ps["stem"]
-        link_file(ps["dir"] / "sig.npy", shard_index / "sig.npy")
-        pq.write_table(pa.table({"id": string_array(row_ids),
-                                 "exact_hash": numpy_array(np.load(ps["dir"] / "exact.npy"), "uint64"),
-                                 "status": numpy_array(status, "uint8"), "keeper": numpy_array(keeper, "int64")}),
-                       shard_index / "docs.parquet")
-        keeper_ids = [None if status[r] == core.KEPT else ids.get(int(keeper[r])) for r in range(n)]
-        splits.append(SplitJob(ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
-    ctx.map(write_filtered, splits)
+    for w in range(0, len(per_shard), WRITE_WINDOW):
+        splits = []
+        for k in range(w, min(w + WRITE_WINDOW, len(per_shard))):
+            ps = per_shard[k]
+            status, keeper = shard_decisions(np.load(work / f"target-{k}.npy"), ps["first"], n_old_docs,
+                                             old_keeper_arr, keeper_new, cfg.near)
+            row_ids = read_columns(ps["dir"] / "ids.parquet").column("id").to_pylist()
+            shard_index = index_dir / "shards" / ps["stem"]
+            link_file(ps["dir"] / "sig.npy", shard_index / "sig.npy")
+            pq.write_table(pa.table({"id": string_array(row_ids),
+                                     "exact_hash": numpy_array(np.load(ps["dir"] / "exact.npy"), "uint64"),
+                                     "status": numpy_array(status, "uint8"), "keeper": numpy_array(keeper, "int64")}),
+                           shard_index / "docs.parquet")
+            keeper_ids: list[str | None] = [None] * ps["n"]
+            removed = np.flatnonzero(status != core.KEPT)
+            for r, kid in zip(removed.tolist(), ids.get_many(keeper[removed]), strict=True):
+                keeper_ids[r] = kid
+            splits.append(SplitJob(ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
+        ctx.map(write_filtered, splits)
     if isinstance(index, DatasketchIndex):
         index.save(index_dir)
         index.close()
@@ -395,13 +415,38 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         "shards": len(shards), "shards_reused": n_old, "new_docs": first - n_old_docs,
         "bands": params["bands"], "rows": params["rows"], "backend": cfg.backend,
         "lsh_inserts": index.inserts, "lsh_queries": index.queries, "edges_candidate": int(n_edges),
-        "edges_verified": int(texts.computed), "verify_shard_reads": int(texts.reads), "seconds": {k: round(v, 3) for k, v in timings.items()},
+        "edges_verified": int(texts.computed), "verify_shard_reads": int(texts.reads),
+        "id_shard_reads": int(ids.reads), "seconds": {k: round(v, 3) for k, v in timings.items()},
     })
     sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
     meta = {"params": params, "backend": cfg.backend,
             "shards": [{"name": s["name"], "sha256": s["sha256"], "n": n} for s, n in zip(shards, sizes, strict=True)]}
     (index_dir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return stats
+
+
+def shard_decisions(target: np.ndarray, first: int, n_old_docs: int, old_keepers: np.ndarray,
+                    new_keepers: np.ndarray, near: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(status, keeper) per row of the shard whose rows are the documents ``first ..``: an exact
+    duplicate (``target`` >= 0: the earlier document with its text) takes that document's keeper,
+    a near duplicate its cluster's keeper (``new_keepers``, by global index - ``n_old_docs``), every
+    other row is kept as its own keeper. Array operations: a document costs no Python step."""
+    n = len(target)
+    status = np.zeros(n, np.uint8)
+    keeper = np.arange(first, first + n, dtype=np.int64)
+    exact = np.flatnonzero(target >= 0)
+    if len(exact):
+        tgt = target[exact]
+        old = tgt < n_old_docs
+        kp = np.empty(len(tgt), np.int64)
+        kp[old] = old_keepers[tgt[old]]
+        kp[~old] = new_keepers[tgt[~old] - n_old_docs]
+        status[exact], keeper[exact] = core.EXACT, kp
+    if near:
+        own = np.asarray(new_keepers[first - n_old_docs : first - n_old_docs + n])
+        moved = np.flatnonzero((target < 0) & (own != keeper))
+        status[moved], keeper[moved] = core.NEAR, own[moved]
+    return status, keeper
 
 
 def _new_band_keys(sig_paths: list[Path], params: dict[str, Any]) -> list[np.ndarray]:
