@@ -96,6 +96,7 @@ class Limits:
     max_waiting: int = 64  # streams waiting for a row of the running batch; more are refused (overloaded)
     seeded_sampling: bool = False  # a sampled request must carry a seed (the batch model with Triton's cache)
     stream_linger_ms: float = STREAM_LINGER_MS  # a running stream's tokens leave at most this often (Outbox)
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # prompt tokens per prefill pass (RunningBatch)
 
     @classmethod
     def load(cls, path: str) -> Limits:
@@ -105,7 +106,7 @@ class Limits:
             data = json.load(f)
         return cls(**{k: type(getattr(cls, k))(data[k]) for k in (
             "max_prompt_tokens", "max_tokens_limit", "default_max_tokens", "max_waiting", "seeded_sampling",
-            "stream_linger_ms")
+            "stream_linger_ms", "prefill_chunk_tokens")
             if k in data})
 
 
@@ -996,8 +997,9 @@ class TritonPythonModel:
             sys.setswitchinterval(min(sys.getswitchinterval(), STREAM_SWITCH_INTERVAL_S))
             self.outbox = Outbox(self._send_failed, _answer, self._counting_responses,
                                  linger_s=limits.stream_linger_ms / 1000)
-            batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
+            batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id, max_rows=max_rows,
+                                 chunk_tokens=limits.prefill_chunk_tokens)
             self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment,
                                              max_waiting=limits.max_waiting, on_cancelled=self._stream_cancelled)
         # what is loaded now (torch, transformers, the model) lives as long as the model: out of the
