@@ -21,9 +21,10 @@ look the way they do:
   so one bad request never fails its neighbours. With Triton's response cache on (its key: the
   inputs), a sampled request must carry a seed, else one sampled answer would be replayed to all.
 * The streaming model batches in flight: ``execute`` hands its streams to a generation thread and
-  returns, and a stream joins the running batch at its next decode step and leaves it at its last
-  token (:class:`RunningBatch`), so a stream that arrives while others run waits one step for its
-  first token, not for their whole answers. At most ``max_waiting`` streams wait for a row (more
+  returns, and a stream joins the running batch at its next step and leaves it at its last token
+  (:class:`RunningBatch`), so a stream that arrives while others run waits for its own prefill, not
+  for their whole answers. Their KV cache is preallocated, a row per stream (a join or a leave moves
+  no other row), and a prompt is prefilled in chunks between the running streams' decode steps. At most ``max_waiting`` streams wait for a row (more
   are refused at once, ``overloaded``: a queue out of Triton's sight must not grow without bound),
   and a waiting stream whose client cancelled is dropped before its prefill.
 * Triton counts a request the Python backend answers with an error response as a success
@@ -409,10 +410,12 @@ class RunningBatch:
         free = [i for i, s in enumerate(self.slots) if s is None]
         if len(streams) > len(free):
             raise RuntimeError(f"{len(streams)} streams join but only {len(free)} of {self.max_rows} rows are free")
+        positions = self.cache.layers[0].get_max_length()
+        for s in streams:  # parse refuses these; checked before any row is taken
+            if len(s.request.input_ids) + s.request.max_tokens - 1 > positions:
+                raise ValueError(f"prompt ({len(s.request.input_ids)} tokens) + max_tokens ({s.request.max_tokens}) "
+                                 f"is over the model's {positions} positions")
         for s, slot, g in zip(streams, free, row_generators([s.request for s in streams], self.rng), strict=False):
-            if len(s.request.input_ids) >= self.cache.layers[0].get_max_length():
-                raise ValueError(f"a prompt of {len(s.request.input_ids)} tokens leaves no position of the model's "
-                                 f"{self.cache.layers[0].get_max_length()} for a new token")
             s.slot, s.filled, s.generator = slot, 0, g
             self.slots[slot] = s
             self.prefilling.append(s)
