@@ -279,14 +279,15 @@ class Stream:
 class _Plan:
     """Where one forward pass's new keys and values go in a :class:`SlotCache` and what attention reads.
 
-    ``src``: (batch row, query index) of each real token of the pass (pads are not written); ``dst``:
+    ``src``: (batch row, query index) of each real token of the pass (pads are not written; None:
+    every batch row's one query, a decode step without holes); ``dst``:
     the (slot, column) each one is written to; ``read``: the slots attention reads, a slice (a view of
     the cache: no copy) or the slots of a prefill's rows (a copy of those rows only); ``length``: the
     columns it reads (the longest row's)."""
 
     __slots__ = ("src", "dst", "read", "length")
 
-    def __init__(self, src: tuple[torch.Tensor, torch.Tensor], dst: tuple[torch.Tensor, torch.Tensor],
+    def __init__(self, src: tuple[torch.Tensor, torch.Tensor] | None, dst: tuple[torch.Tensor, torch.Tensor],
                  read: slice | torch.Tensor, length: int) -> None:
         self.src, self.dst, self.read, self.length = src, dst, read, length
 
@@ -317,9 +318,13 @@ def _slot_cache_class() -> type:
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             plan = self.owner.plan
-            (b, q), (rows, cols) = plan.src, plan.dst
-            self.keys[rows, :, cols] = key_states[b, :, q]  # in place: one vector per real token
-            self.values[rows, :, cols] = value_states[b, :, q]
+            rows, cols = plan.dst
+            if plan.src is None:  # a decode step without holes: each batch row's one token
+                keys, values = key_states[:, :, 0], value_states[:, :, 0]
+            else:
+                keys, values = key_states[plan.src[0], :, plan.src[1]], value_states[plan.src[0], :, plan.src[1]]
+            self.keys[rows, :, cols] = keys  # in place: one vector per real token
+            self.values[rows, :, cols] = values
             return self.keys[plan.read, :, :plan.length], self.values[plan.read, :, :plan.length]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -478,21 +483,25 @@ class RunningBatch:
         stream in that range (free, or still prefilling) is a hole: fed a pad, its output ignored,
         nothing of it written."""
         device, width = self.model.device, rows[-1].slot + 1
-        slots = torch.tensor([s.slot for s in rows], dtype=torch.long)
-        lengths = torch.tensor([s.filled + s.tokens - 1 for s in rows], dtype=torch.long)  # positions cached
-        ids = torch.full((width, 1), self.pad_id, dtype=torch.long)
-        ids[slots, 0] = torch.tensor([s.last for s in rows], dtype=torch.long)
-        pos = torch.zeros((width, 1), dtype=torch.long)
-        pos[slots, 0] = lengths
-        length = int(lengths.max()) + 1
-        self.cache.plan = _Plan((slots.to(device), torch.zeros_like(slots, device=device)),
-                                (slots.to(device), lengths.to(device)), slice(0, width), length)
-        allowed = torch.arange(length)[None, :] <= pos  # a hole sees its column 0 only
+        ids, pos = [self.pad_id] * width, [0] * width  # plain lists: cheaper than index writes per step
+        for s in rows:
+            ids[s.slot], pos[s.slot] = s.last, s.filled + s.tokens - 1  # its cached positions: the next column
+        positions = torch.tensor(pos, dtype=torch.long)
+        holes = len(rows) < width
+        slots = torch.tensor([s.slot for s in rows], dtype=torch.long, device=device) if holes else None
+        lengths = positions.to(device)
+        length = max(pos) + 1
+        self.cache.plan = _Plan(None if slots is None else (slots, torch.zeros_like(slots)),
+                                (torch.arange(width, device=device) if slots is None else slots,
+                                 lengths if slots is None else lengths[slots]), slice(0, width), length)
+        allowed = torch.arange(length)[None, :] <= positions[:, None]  # a hole sees its column 0 only
         mask = _additive(allowed[:, None, None, :], self.model.dtype).to(device)
-        logits = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
-                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        logits = self.model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, None],
+                            attention_mask=mask, position_ids=lengths[:, None], past_key_values=self.cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.passes += 1
-        self._emit(rows, pick_tokens(logits[slots.to(device)], [s.request for s in rows], [s.generator for s in rows]))
+        logits = logits if slots is None else logits[slots]
+        self._emit(rows, pick_tokens(logits, [s.request for s in rows], [s.generator for s in rows]))
 
     def _emit(self, streams: list[Stream], picked: torch.Tensor) -> None:
         """Hand ``streams`` their picked tokens; free the rows of those that ended."""
