@@ -24,9 +24,10 @@ look the way they do:
   returns, and a stream joins the running batch at its next step and leaves it at its last token
   (:class:`RunningBatch`), so a stream that arrives while others run waits for its own prefill, not
   for their whole answers. Their KV cache is preallocated, a row per stream (a join or a leave moves
-  no other row), and a prompt is prefilled in chunks between the running streams' decode steps. At most ``max_waiting`` streams wait for a row (more
-  are refused at once, ``overloaded``: a queue out of Triton's sight must not grow without bound),
-  and a waiting stream whose client cancelled is dropped before its prefill.
+  no other row), and a prompt is prefilled in chunks between the running streams' decode steps. At
+  most ``max_waiting`` streams wait for a row (more are refused at once, ``overloaded``: a queue out
+  of Triton's sight must not grow without bound), and a waiting stream whose client cancelled is
+  dropped before its prefill.
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
   its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
@@ -354,8 +355,9 @@ def _slot_cache_class() -> type:
 
 
 def slot_cache(model: Any, max_rows: int, max_len: int | None = None) -> Any:
-    """A ``SlotCache`` (see :func:`_slot_cache_class`) for ``model``: ``max_rows`` rows of ``max_len`` positions (default: the
-    model's), shaped from its config (key/value heads, head size, layers), on its device and dtype."""
+    """A ``SlotCache`` (see :func:`_slot_cache_class`) for ``model``: ``max_rows`` rows of ``max_len``
+    positions (default: the model's), shaped from its config (key/value heads, head size, layers), on
+    its device and dtype."""
     cfg = model.config.get_text_config()
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
