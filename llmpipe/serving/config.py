@@ -55,6 +55,10 @@ class DeployConfig(Section):
     stream_linger_ms: float = Field(8.0, ge=0, le=1000, description="the streaming model sends a running stream's "
                                     "next tokens at most this often, together (its first token at once): each "
                                     "response costs CPU in the model, the server and the API; 0: as they come")
+    prefill_chunk_tokens: int = Field(128, ge=1, le=1_000_000, description="the streaming model prefills a "
+                                      "joining stream's prompt in passes of at most this many tokens, between "
+                                      "the running streams' decode steps: their gap between two tokens is one "
+                                      "such pass, never a whole long prompt")
     max_prompt_tokens: int = Field(512, ge=1)
     max_tokens_limit: int = Field(256, ge=1)
     default_max_tokens: int = Field(16, ge=1)

@@ -111,7 +111,8 @@ def _write_model(checkpoint: Path, repo: Path, cfg: DeployConfig, version: int, 
         # a cached model needs a seed in every sampled request: the seed is part of the cache's key
         limits = {"max_prompt_tokens": cfg.max_prompt_tokens, "max_tokens_limit": cfg.max_tokens_limit,
                   "default_max_tokens": cfg.default_max_tokens, "max_waiting": cfg.max_waiting,
-                  "seeded_sampling": cfg.response_cache and not streaming, "stream_linger_ms": cfg.stream_linger_ms}
+                  "seeded_sampling": cfg.response_cache and not streaming, "stream_linger_ms": cfg.stream_linger_ms,
+                  "prefill_chunk_tokens": cfg.prefill_chunk_tokens}
         (vdir / SETTINGS_FILE).write_text(json.dumps(limits, indent=2) + "\n")
     return vdir
 

@@ -21,12 +21,14 @@ look the way they do:
   so one bad request never fails its neighbours. With Triton's response cache on (its key: the
   inputs), a sampled request must carry a seed, else one sampled answer would be replayed to all.
 * The streaming model batches in flight: ``execute`` hands its streams to a generation thread and
-  returns, and a stream joins the running batch at its next decode step and leaves it at its last
-  token (:class:`RunningBatch`), so a stream that arrives while others run waits one step for its
-  first token, not for their whole answers. At most ``max_waiting`` streams wait for a row (more
-  are refused at once, ``overloaded``: a queue out of Triton's sight must not grow without bound),
-  and a waiting stream whose client cancelled is dropped before its prefill. The gauge
-  ``llmpipe_streams{state="running"|"waiting"}`` shows both counts (Triton's queue metrics cannot).
+  returns, and a stream joins the running batch at its next step and leaves it at its last token
+  (:class:`RunningBatch`), so a stream that arrives while others run waits for its own prefill, not
+  for their whole answers. Their KV cache is preallocated, a row per stream (a join or a leave moves
+  no other row), and a prompt is prefilled in chunks between the running streams' decode steps. At
+  most ``max_waiting`` streams wait for a row (more are refused at once, ``overloaded``: a queue out
+  of Triton's sight must not grow without bound), and a waiting stream whose client cancelled is
+  dropped before its prefill. The gauge ``llmpipe_streams{state="running"|"waiting"}`` shows both
+  counts (Triton's queue metrics cannot).
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
   its own, ``llmpipe_request_errors_total`` (reason ``refused``: invalid requests, ``failed``: a
@@ -36,6 +38,7 @@ look the way they do:
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -65,6 +68,7 @@ STREAMS_METRIC = "llmpipe_streams"  # the streaming model's open streams now, by
 STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # a stream asks whether its client cancelled before its 1st, 5th, 9th... token
+PREFILL_CHUNK_TOKENS = 128  # prompt tokens per prefill pass of the streaming model (see RunningBatch)
 STREAM_LINGER_MS = 8.0  # the Outbox's send rounds for running streams start at most this often (see Outbox)
 
 class BadRequest(ValueError):
@@ -96,6 +100,7 @@ class Limits:
     max_waiting: int = 64  # streams waiting for a row of the running batch; more are refused (overloaded)
     seeded_sampling: bool = False  # a sampled request must carry a seed (the batch model with Triton's cache)
     stream_linger_ms: float = STREAM_LINGER_MS  # a running stream's tokens leave at most this often (Outbox)
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # prompt tokens per prefill pass (RunningBatch)
 
     @classmethod
     def load(cls, path: str) -> Limits:
@@ -105,7 +110,7 @@ class Limits:
             data = json.load(f)
         return cls(**{k: type(getattr(cls, k))(data[k]) for k in (
             "max_prompt_tokens", "max_tokens_limit", "default_max_tokens", "max_waiting", "seeded_sampling",
-            "stream_linger_ms")
+            "stream_linger_ms", "prefill_chunk_tokens")
             if k in data})
 
 
@@ -269,141 +274,255 @@ class Stream:
     tokens: int = 0
     done: bool = False
     generator: torch.Generator | None = None  # its own when its request has a seed (set when it joins)
+    slot: int = -1  # its row of the batch's cache (set when it joins)
+    filled: int = 0  # prompt tokens in the cache so far
+    last: int = 0  # its latest token (the next decode step's input)
+
+
+class _Plan:
+    """Where one forward pass's new keys and values go in a :class:`SlotCache` and what attention reads.
+
+    ``src``: (batch row, query index) of each real token of the pass (pads are not written; None:
+    every batch row's one query, a decode step without holes); ``dst``:
+    the (slot, column) each one is written to; ``read``: the slots attention reads, a slice (a view of
+    the cache: no copy) or the slots of a prefill's rows (a copy of those rows only); ``length``: the
+    columns it reads (the longest row's)."""
+
+    __slots__ = ("src", "dst", "read", "length")
+
+    def __init__(self, src: tuple[torch.Tensor, torch.Tensor] | None, dst: tuple[torch.Tensor, torch.Tensor],
+                 read: slice | torch.Tensor, length: int) -> None:
+        self.src, self.dst, self.read, self.length = src, dst, read, length
+
+
+@functools.cache
+def _slot_cache_class() -> type:
+    """``SlotCache``, a subclass of transformers' public ``Cache`` whose layers (``SlotLayer``) subclass
+    its ``CacheLayerMixin``. Defined on first use: importing transformers costs a second or more, and
+    the deploy stage imports this module for two names only."""
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class SlotLayer(CacheLayerMixin):
+        """One layer's keys and values, ``[rows, kv_heads, max_len, head_dim]``, allocated once; each
+        row is a stream's slot, its tokens at columns 0.. (the column is the position). ``update``
+        writes the pass's tokens where the cache's plan says and returns what attention reads."""
+
+        def __init__(self, owner: Any, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                     device: torch.device | str) -> None:
+            super().__init__()
+            self.owner = owner
+            self.keys = torch.zeros(shape, dtype=dtype, device=device)
+            self.values = torch.zeros(shape, dtype=dtype, device=device)
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            """Nothing to do: the tensors are allocated when the cache is made."""
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            plan = self.owner.plan
+            rows, cols = plan.dst
+            if plan.src is None:  # a decode step without holes: each batch row's one token
+                keys, values = key_states[:, :, 0], value_states[:, :, 0]
+            else:
+                keys, values = key_states[plan.src[0], :, plan.src[1]], value_states[plan.src[0], :, plan.src[1]]
+            self.keys[rows, :, cols] = keys  # in place: one vector per real token
+            self.values[rows, :, cols] = values
+            return self.keys[plan.read, :, :plan.length], self.values[plan.read, :, :plan.length]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.keys.shape[2], 0
+
+        def get_seq_length(self) -> int:
+            return 0 if self.owner.plan is None else self.owner.plan.length
+
+        def get_max_length(self) -> int:
+            return self.keys.shape[2]
+
+    class SlotCache(Cache):
+        """A KV cache of row slots for :class:`RunningBatch`: per layer one preallocated tensor
+        ``[max_rows, kv_heads, max_len, head_dim]``. Rows have their own lengths (a stream's tokens
+        sit at columns 0.. of its row, so its positions are its columns), so a stream joins by
+        writing its prompt into a free row and leaves by freeing it: no other row moves. Before each
+        forward pass the batch sets ``plan`` (:class:`_Plan`): which rows and columns the pass writes
+        and which part attention reads; the caller's 4D mask hides each row's columns past its length.
+        """
+
+        def __init__(self, layers: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                     device: torch.device | str) -> None:
+            self.plan: _Plan | None = None
+            super().__init__(layers=[SlotLayer(self, shape, dtype, device) for _ in range(layers)])
+
+    return SlotCache
+
+
+def slot_cache(model: Any, max_rows: int, max_len: int | None = None) -> Any:
+    """A ``SlotCache`` (see :func:`_slot_cache_class`) for ``model``: ``max_rows`` rows of ``max_len``
+    positions (default: the model's), shaped from its config (key/value heads, head size, layers), on
+    its device and dtype."""
+    cfg = model.config.get_text_config()
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    length = int(max_len or cfg.max_position_embeddings)
+    return _slot_cache_class()(int(cfg.num_hidden_layers), (max_rows, kv_heads, length, head_dim), model.dtype,
+                              model.device)
 
 
 class RunningBatch:
     """In-flight batching for streams: a stream joins the running batch between two decode steps and
-    leaves it at its last token, so a stream that arrives while others generate waits one step for
-    its first token, not the others' whole answers.
+    leaves it at its last token, so a stream that arrives while others generate waits for its own
+    prefill, not the others' whole answers.
 
-    The rows share one KV cache (``DynamicCache``). Joining streams are prefilled together, as a
-    left-padded batch of their own, and their cache is merged into the running one: both are
-    left-padded to the longer length and stacked. ``keep`` marks each row's real positions; the pads
-    are hidden by the additive attention mask, so a row's tokens do not depend on who shares its batch
-    (greedy tokens equal :func:`decode_batch` on the request alone; a test pins it). Leaving rows are
-    dropped from the cache (``batch_select_indices``), and pad columns no row needs any more are cut.
+    The rows live in one preallocated KV cache of row slots (:func:`slot_cache`, ``max_rows`` rows of
+    the model's positions): a joining stream takes a free row, its prompt is written into it, and a
+    leaving one frees its row; no other row is copied or moved (a decode step writes one position per
+    row, in place). Each row's tokens sit at columns 0.. of its row, so its positions are its own
+    (as alone) and the additive 4D attention mask hides each row's columns past its length: a row's
+    tokens do not depend on who shares its batch (greedy tokens equal :func:`decode_batch` on the
+    request alone; a test pins it).
+
+    Chunked prefill: :meth:`step` runs at most one prefill pass of at most ``chunk_tokens`` prompt
+    tokens (of the joining streams, in arrival order), then one decode step for the rows that have
+    their first token, so a running stream waits for one chunk between two tokens, never for a whole
+    long prompt. A stream gets its first token from the pass that holds its prompt's last chunk.
     """
 
-    def __init__(self, model: Any, eos_ids: set[int], pad_id: int, rng: torch.Generator | None = None) -> None:
+    def __init__(self, model: Any, eos_ids: set[int], pad_id: int, rng: torch.Generator | None = None,
+                 max_rows: int = 8, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> None:
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.model, self.eos_ids, self.pad_id, self.rng = model, eos_ids, pad_id, rng
-        self.streams: list[Stream] = []
-        self.passes = 0  # forward passes run (prefills and steps): tokens / passes is the mean batch
-        self._reset()
+        self.max_rows, self.chunk_tokens = max_rows, chunk_tokens
+        self.cache = slot_cache(model, max_rows)  # allocated once, for the model's life
+        self.slots: list[Stream | None] = [None] * max_rows
+        self.prefilling: list[Stream] = []  # joined, prompt not all in the cache yet (arrival order)
+        self.passes = 0  # forward passes run (prefill chunks and steps): tokens / passes is the mean batch
 
-    def _reset(self) -> None:
-        self.cache: Any = None
-        self.keep = self.pos = self.last = None
+    @property
+    def streams(self) -> list[Stream]:
+        """The rows' streams, prefilling or decoding, in row order."""
+        return [s for s in self.slots if s is not None]
 
     def __len__(self) -> int:
-        return len(self.streams)
+        return sum(s is not None for s in self.slots)
 
     def close_all(self) -> list[Stream]:
         """Drop every row (after a failed step); returns the streams that were still open."""
         open_ = [s for s in self.streams if not s.done]
-        self.streams = []
-        self._reset()
+        self.slots = [None] * self.max_rows
+        self.prefilling = []
         return open_
 
-    @torch.inference_mode()
     def add(self, streams: list[Stream]) -> None:
-        """Prefill ``streams`` and hand each its first token; those with more to say join the batch."""
-        if not streams:
-            return
-        device = self.model.device
-        width = max(len(s.request.input_ids) for s in streams)
-        ids = torch.full((len(streams), width), self.pad_id, dtype=torch.long)
-        keep = torch.zeros((len(streams), width), dtype=torch.bool)
-        for row, s in enumerate(streams):
-            ids[row, width - len(s.request.input_ids):] = torch.tensor(s.request.input_ids, dtype=torch.long)
-            keep[row, width - len(s.request.input_ids):] = True
-        ids, keep = ids.to(device), keep.to(device)
-        pos = (keep.long().cumsum(-1) - 1).masked_fill(~keep, 1)
-        mask = None if bool(keep.all()) else _masks(keep, 0, self.model.dtype)[0]
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
-        self.passes += 1
-        for s, g in zip(streams, row_generators([s.request for s in streams], self.rng), strict=True):
-            s.generator = g
-        picked = pick_tokens(logits, [s.request for s in streams], [s.generator for s in streams])
-        self._merge(streams, cache, keep, pos[:, -1] + 1, picked)
-        self._emit(len(self.streams) - len(streams), picked)
+        """Give each of ``streams`` a free row; their prompts are prefilled by the next steps."""
+        free = [i for i, s in enumerate(self.slots) if s is None]
+        if len(streams) > len(free):
+            raise RuntimeError(f"{len(streams)} streams join but only {len(free)} of {self.max_rows} rows are free")
+        positions = self.cache.layers[0].get_max_length()
+        for s in streams:  # parse refuses these; checked before any row is taken
+            if len(s.request.input_ids) + s.request.max_tokens - 1 > positions:
+                raise ValueError(f"prompt ({len(s.request.input_ids)} tokens) + max_tokens ({s.request.max_tokens}) "
+                                 f"is over the model's {positions} positions")
+        for s, slot, g in zip(streams, free, row_generators([s.request for s in streams], self.rng), strict=False):
+            s.slot, s.filled, s.generator = slot, 0, g
+            self.slots[slot] = s
+            self.prefilling.append(s)
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One decode step for every row: each gets its next token."""
-        if not self.streams:
-            return
-        n = len(self.streams)
-        full = torch.cat([self.keep, self.keep.new_ones((n, 1))], dim=1)
-        mask = None if bool(full.all()) else _key_mask(full, self.model.dtype)
-        logits = self.model(input_ids=self.last[:, None], attention_mask=mask, position_ids=self.pos[:, None],
-                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
-        self.passes += 1
-        self.keep, self.pos = full, self.pos + 1
-        picked = pick_tokens(logits, [s.request for s in self.streams], [s.generator for s in self.streams])
-        self.last = picked
-        self._emit(0, picked)
+        """One prefill chunk (when streams are joining), then one decode step for every row that has its
+        first token: each gets its next token."""
+        if self.prefilling:
+            self._prefill_chunk()
+        decoding = [s for s in self.slots if s is not None and s.filled == len(s.request.input_ids)]
+        if decoding:
+            self._decode(decoding)
 
-    def _emit(self, first: int, picked: torch.Tensor) -> None:
-        """Hand rows ``first..`` their picked tokens; drop the rows that ended."""
-        for s, tok in zip(self.streams[first:], picked.tolist(), strict=True):
+    def _prefill_chunk(self) -> None:
+        """One forward pass over the next at most ``chunk_tokens`` prompt tokens of the joining streams
+        (right-padded rows, one per stream); a stream whose prompt it completes gets its first token."""
+        parts: list[tuple[Stream, int, int]] = []  # (stream, first column, tokens) of this pass
+        budget = self.chunk_tokens
+        for s in self.prefilling:
+            n = min(len(s.request.input_ids) - s.filled, budget)
+            if n <= 0:
+                break
+            parts.append((s, s.filled, n))
+            budget -= n
+        device, k, width = self.model.device, len(parts), max(n for _, _, n in parts)
+        ids = torch.full((k, width), self.pad_id, dtype=torch.long)
+        for i, (s, start, n) in enumerate(parts):
+            ids[i, :n] = torch.tensor(s.request.input_ids[start:start + n], dtype=torch.long)
+        starts = torch.tensor([start for _, start, _ in parts], dtype=torch.long)
+        counts = torch.tensor([n for _, _, n in parts], dtype=torch.long)
+        j = torch.arange(width)
+        pos = starts[:, None] + torch.minimum(j[None, :], counts[:, None] - 1)  # a pad repeats its row's last position
+        b, q = (j[None, :] < counts[:, None]).nonzero(as_tuple=True)  # the real tokens
+        slots = torch.tensor([s.slot for s, _, _ in parts], dtype=torch.long)
+        length = int((starts + counts).max())
+        read: slice | torch.Tensor = slice(parts[0][0].slot, parts[0][0].slot + 1) if k == 1 else slots.to(device)
+        self.cache.plan = _Plan((b.to(device), q.to(device)), (slots[b].to(device), (starts[b] + q).to(device)),
+                                read, length)
+        allowed = torch.arange(length)[None, None, :] <= pos[:, :, None]  # causal within the row, its past before
+        mask = _additive(allowed[:, None], self.model.dtype).to(device)
+        ends = [i for i, (s, start, n) in enumerate(parts) if start + n == len(s.request.input_ids)]
+        keep = sorted({int(counts[i]) - 1 for i in ends})
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                            past_key_values=self.cache, use_cache=True,
+                            logits_to_keep=torch.tensor(keep or [width - 1], device=device)).logits
+        self.passes += 1
+        for s, _, n in parts:
+            s.filled += n
+        if not ends:
+            return
+        done = [parts[i][0] for i in ends]
+        self.prefilling = [s for s in self.prefilling if s.filled < len(s.request.input_ids)]
+        rows = logits[torch.tensor(ends, device=device), torch.tensor([keep.index(int(counts[i]) - 1) for i in ends],
+                                                                        device=device)]
+        self._emit(done, pick_tokens(rows, [s.request for s in done], [s.generator for s in done]))
+
+    def _decode(self, rows: list[Stream]) -> None:
+        """One decode step: the forward pass runs over rows ``0..last used``; a row without a decoding
+        stream in that range (free, or still prefilling) is a hole: fed a pad, its output ignored,
+        nothing of it written."""
+        device, width = self.model.device, rows[-1].slot + 1
+        ids, pos = [self.pad_id] * width, [0] * width  # plain lists: cheaper than index writes per step
+        for s in rows:
+            ids[s.slot], pos[s.slot] = s.last, s.filled + s.tokens - 1  # its cached positions: the next column
+        positions = torch.tensor(pos, dtype=torch.long)
+        holes = len(rows) < width
+        slots = torch.tensor([s.slot for s in rows], dtype=torch.long, device=device) if holes else None
+        lengths = positions.to(device)
+        length = max(pos) + 1
+        self.cache.plan = _Plan(None if slots is None else (slots, torch.zeros_like(slots)),
+                                (torch.arange(width, device=device) if slots is None else slots,
+                                 lengths if slots is None else lengths[slots]), slice(0, width), length)
+        allowed = torch.arange(length)[None, :] <= positions[:, None]  # a hole sees its column 0 only
+        mask = _additive(allowed[:, None, None, :], self.model.dtype).to(device)
+        logits = self.model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, None],
+                            attention_mask=mask, position_ids=lengths[:, None], past_key_values=self.cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        self.passes += 1
+        logits = logits if slots is None else logits[slots]
+        self._emit(rows, pick_tokens(logits, [s.request for s in rows], [s.generator for s in rows]))
+
+    def _emit(self, streams: list[Stream], picked: torch.Tensor) -> None:
+        """Hand ``streams`` their picked tokens; free the rows of those that ended."""
+        for s, tok in zip(streams, picked.tolist(), strict=True):
             s.tokens += 1
+            s.last = tok
             last = s.tokens >= s.request.max_tokens or tok in self.eos_ids
             s.done = last
             if s.on_token(tok, last):
                 s.done = True
-        if any(s.done for s in self.streams):
-            self._drop_done()
-
-    def _merge(self, streams: list[Stream], cache: Any, keep: torch.Tensor, pos: torch.Tensor,
-               picked: torch.Tensor) -> None:
-        if not self.streams:
-            self.streams, self.cache, self.keep, self.pos, self.last = list(streams), cache, keep, pos, picked
-            return
-        width = max(self.keep.shape[1], keep.shape[1])
-        layers = [(torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)]),
-                   torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)]))
-                  for a, b in zip(self.cache.layers, cache.layers, strict=True)]
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(ddp_cache_data=layers)
-        self.keep = torch.cat([_left_pad(self.keep, width), _left_pad(keep, width)])
-        self.pos = torch.cat([self.pos, pos])
-        self.last = torch.cat([self.last, picked])
-        self.streams.extend(streams)
-
-    def _drop_done(self) -> None:
-        alive = [i for i, s in enumerate(self.streams) if not s.done]
-        if not alive:
-            self.streams = []
-            self._reset()
-            return
-        idx = torch.tensor(alive, dtype=torch.long, device=self.keep.device)
-        self.streams = [self.streams[i] for i in alive]
-        self.cache.batch_select_indices(idx)
-        self.keep, self.pos, self.last = (t[idx] for t in (self.keep, self.pos, self.last))
-        cut = int(self.keep.any(dim=0).long().argmax())  # leading columns that are pads in every row
-        if cut > 0:
-            from transformers import DynamicCache
-
-            self.cache = DynamicCache(ddp_cache_data=[(layer.keys[:, :, cut:], layer.values[:, :, cut:])
-                                                      for layer in self.cache.layers])
-            self.keep = self.keep[:, cut:]
+            if s.done:
+                self.slots[s.slot] = None  # the row is free; nothing else moves
 
 
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    """``t`` (rows, ..., length) for a cache (rows, heads, length, dim) or a mask (rows, length),
-    padded on the left of its length dimension to ``width``."""
-    dim = 2 if t.dim() == 4 else 1
-    missing = width - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An additive attention mask: 0 where ``allowed``, the dtype's lowest value elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 class Generator:
@@ -915,8 +1034,9 @@ class TritonPythonModel:
                                  linger_s=limits.stream_linger_ms / 1000)
             self.running = self.families[5].Metric(labels={**labels, "state": "running"})
             self.waiting = self.families[5].Metric(labels={**labels, "state": "waiting"})
-            batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id)
             max_rows = int(json.loads(args["model_config"]).get("max_batch_size") or 1)
+            batch = RunningBatch(self.gen.model, self.gen.eos_ids, self.gen.pad_id, max_rows=max_rows,
+                                 chunk_tokens=limits.prefill_chunk_tokens)
             self.scheduler = StreamScheduler(batch, max_rows, self._stream_failed, self.passes.increment,
                                              max_waiting=limits.max_waiting, on_cancelled=self._stream_cancelled,
                                              on_depth=self._streams_now)

@@ -1,7 +1,8 @@
 """In-flight batching of the streaming model, in process: streams that join the running batch at
 different decode steps get the tokens they get alone, leave at their budget, their end-of-sequence
 token or a stop, and a generation thread (StreamScheduler) serves streams submitted from other
-threads, failing only the streams of a step that raised."""
+threads, failing only the streams of a step that raised. The KV cache is preallocated row slots (a
+join or leave moves no other row) and prompts are prefilled in chunks between decode steps."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from llmpipe.serving.triton_model import Generator, GenRequest, Limits, RunningBatch, Stream, StreamScheduler
+from tests.fixtures.tiny_checkpoint import greedy_reference
 
 PROMPTS = ["the quick brown fox", "once upon a time there", "héllo wörld", "numbers 12345", "a b c d e f g h",
            "Sehr geehrte Damen", "x", "pipelines turn raw text into"]
@@ -180,3 +182,104 @@ def test_the_scheduler_bounds_its_waiting_list_and_reports_its_depth(gen: Genera
     assert len(refused) == 3 and sorted(ended) == [0, 1, 2, 3, 4]
     assert all(r <= 3 and w <= 5 and r + w <= 5 for r, w in depths), depths
     assert (3, 2) in depths and all(a != b for a, b in zip(depths, depths[1:], strict=False))
+
+
+def test_prompts_prefilled_in_small_chunks_give_transformers_greedy_tokens(gen: Generator, tiny_checkpoint: Path,
+                                                                           requests: list[GenRequest]) -> None:
+    """Prompts cut into chunks of 3 tokens, prefilled between other rows' decode steps, rows leaving
+    and joining at different steps: each stream's tokens are transformers' greedy continuation."""
+    got: dict[int, list[tuple[int, bool]]] = {}
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, chunk_tokens=3)
+    joins = {0: [0, 1], 2: [2], 3: [3, 4], 7: [5], 8: [6, 7]}
+    for t in range(60):
+        batch.add([Stream(requests[i], _collector(got, i)) for i in joins.get(t, [])])
+        batch.step()
+    assert len(batch) == 0
+    for i, r in enumerate(requests):
+        want = greedy_reference(tiny_checkpoint, r.input_ids, r.max_tokens)  # up to its end-of-text, if any
+        assert [tok for tok, _ in got[i]][: len(want)] == want, f"stream {i}"
+    prompt_tokens = sum(len(r.input_ids) for r in requests)
+    assert batch.passes > max(BUDGETS) + prompt_tokens // 3  # chunks of 3 (the default takes each group in one)
+
+
+def _cache_tensors(batch: RunningBatch) -> list[torch.Tensor]:
+    return [t for layer in batch.cache.layers for t in (layer.keys, layer.values)]
+
+
+def test_joins_and_leaves_write_rows_in_place_and_move_no_other_row(gen: Generator,
+                                                                   requests: list[GenRequest]) -> None:
+    """The cache is allocated once (max_rows x the model's positions); a join writes only its own row,
+    a leave frees its row, and a running row's cached keys stay where they are, unchanged."""
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4)
+    tensors = _cache_tensors(batch)
+    ptrs = [t.data_ptr() for t in tensors]
+    assert tensors[0].shape[0] == 4 and tensors[0].shape[2] == gen.model.config.max_position_embeddings
+    got: dict[int, list[tuple[int, bool]]] = {}
+    long_ = GenRequest(requests[4].input_ids, 20, 0.0)  # the row watched: it runs through every join and leave
+    batch.add([Stream(long_, _collector(got, 0)), Stream(requests[3], _collector(got, 1))])  # 1 token: leaves
+    batch.step()
+    row = batch.streams[0].slot
+    n = len(long_.input_ids)
+    before = [t[row, :, :n].clone() for t in tensors]
+    for t, i in ((1, 1), (2, 2), (4, 5), (5, 6)):  # joins (some into a row another stream left), leaves
+        batch.add([Stream(requests[i], _collector(got, 10 + t))])
+        batch.step()
+        batch.step()
+        assert [x.data_ptr() for x in _cache_tensors(batch)] == ptrs  # never reallocated, never replaced
+        assert all(torch.equal(t[row, :, :n], b) for t, b in zip(_cache_tensors(batch), before, strict=True))
+        assert any(s.slot == row and s.request is long_ for s in batch.streams)  # it kept its row
+    while len(batch):
+        batch.step()
+    assert [tok for tok, _ in got[0]] == gen.generate([long_])[0]
+
+
+def _gaps(gen: Generator, chunk: int) -> tuple[list[int], int]:
+    """A running stream's gaps between tokens, in prompt tokens prefilled between them, while a
+    200-token prompt joins; and the prefill passes the joining prompt took up to its first token."""
+    events: list[tuple[str, int]] = []
+    long_prompt = GenRequest([(7 * i) % gen.vocab_size for i in range(200)], 4, 0.0)
+    running = GenRequest([5, 6, 7], 30, 0.0)
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs["input_ids"]
+        events.append(("prefill" if ids.shape[1] > 1 else "decode", int(ids.shape[1])))  # a decode: 1 per row
+
+    def watch(tok: int, last: bool) -> bool:
+        events.append(("token", 0))
+        return False
+
+    first: list[int] = []
+
+    def newcomer(tok: int, last: bool) -> bool:
+        first.append(len([e for e in events if e[0] == "prefill"]))
+        return False
+
+    batch = RunningBatch(gen.model, set(), gen.pad_id, chunk_tokens=chunk)
+    handle = gen.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        batch.add([Stream(running, watch)])
+        batch.step()
+        batch.step()
+        batch.add([Stream(long_prompt, newcomer)])
+        while len(batch):
+            batch.step()
+    finally:
+        handle.remove()
+    gaps, since = [], 0
+    for kind, width in events[events.index(("token", 0)):]:
+        if kind == "token":
+            gaps.append(since)
+            since = 0
+        elif kind == "prefill":
+            since += width
+    return gaps, first[0] - 1
+
+
+def test_a_long_prompt_joining_delays_a_running_stream_by_one_chunk_at_most(gen: Generator) -> None:
+    """Between two tokens of a running stream at most ``chunk_tokens`` prompt tokens are prefilled
+    (forward passes counted, not time); in one pass (a chunk as long as the prompt) the whole
+    200-token prompt sits between two of its tokens."""
+    gaps, chunks = _gaps(gen, 32)
+    assert max(gaps) == 32 and chunks == 7  # 200 tokens: 6 chunks of 32, then the last 8
+    whole, one = _gaps(gen, 256)
+    assert max(whole) == 200 and one == 1

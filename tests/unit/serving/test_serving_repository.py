@@ -60,7 +60,8 @@ def test_python_layout_copies_checkpoint_and_limits(tmp_path: Path, tiny_checkpo
     assert (vdir / "model.py").read_text().startswith('"""Triton Python-backend model')
     assert json.loads((vdir / "llmpipe_serving.json").read_text()) == {
         "max_prompt_tokens": 40, "max_tokens_limit": 20, "default_max_tokens": 5, "max_waiting": 64,
-        "seeded_sampling": False, "stream_linger_ms": 8.0}
+        "seeded_sampling": False, "stream_linger_ms": 8.0,
+        "prefill_chunk_tokens": 128}
     src = sorted(p.relative_to(tiny_checkpoint) for p in tiny_checkpoint.rglob("*") if p.is_file())
     dst = sorted(p.relative_to(vdir / "checkpoint") for p in (vdir / "checkpoint").rglob("*") if p.is_file())
     assert src == dst
