@@ -106,10 +106,16 @@ def test_refused_requests_get_their_reason_and_are_counted(server: srv.TritonSer
     with TextClient(_url(server, protocol), MODEL, protocol) as c:  # a prompt of its own: see the cache test
         with pytest.raises(InferenceServerException, match="'prompt' is empty"):
             c.generate(prompt=" " * (2 if protocol == "http" else 3), max_tokens=4)
-    after = read_metrics(metrics)
 
     def delta(name: str, model: str, **labels: str) -> float:
         return metric_sum(after, name, model=model, **labels) - metric_sum(before, name, model=model, **labels)
+
+    deadline = time.monotonic() + 10  # Triton records a request's statistics just after answering it
+    while True:
+        after = read_metrics(metrics)
+        if delta("nv_inference_request_success", MODEL) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
 
     assert delta(ERRORS_METRIC, STREAM, reason="refused") == 2 and delta(ERRORS_METRIC, MODEL, reason="refused") == 1
     assert delta(ERRORS_METRIC, STREAM, reason="failed") == 0
