@@ -182,7 +182,7 @@ class DedupConfig(Section):
     char_ngram: int = Field(5, ge=1, description="shingle size in characters for CJK / Thai-like scripts")
     char_script_ratio: float = Field(0.3, description="share of no-space-script chars from which char shingles")
     backend: Literal["memory", "redis", "external"] = run_setting(
-        "memory", description="LSH index: in memory (one dict per band), datasketch on Redis, or out-of-core on disk")
+        "memory", description="LSH index: datasketch in memory, datasketch on Redis, or out-of-core on disk")
     memory_budget_mb: float = run_setting(512.0, gt=0, description="external backend: RAM for one bucket partition")
     redis: RedisSettings = run_setting(default_factory=RedisSettings)
     minhash_backend: Literal["auto", "numba", "numpy"] = run_setting("auto")

@@ -31,14 +31,23 @@ from datasketch import LeanMinHash, MinHashLSH
 SCHEME = "affine32"  # the MinHash permutation scheme our signatures reproduce (see minhash.py)
 
 
+# datasketch's optimum for the default dedup settings (threshold, num_perm, fp_weight, fn_weight),
+# written out: finding it takes ~3,000 numerical integrations, ~0.2 CPU-seconds in every dedup
+# process. A test computes every entry again with ``MinHashLSH`` and compares.
+KNOWN_OPTIMA: dict[tuple[float, int, float, float], tuple[int, int]] = {(0.8, 256, 0.02, 0.98): (28, 9)}
+
+
 def optimal_params(threshold: float, num_perm: int, fp_weight: float, fn_weight: float) -> tuple[int, int]:
-    """datasketch's (bands, rows) minimizing ``fp_weight * P(fp) + fn_weight * P(fn)`` (the default
-    settings' optimum is written out in :data:`llmpipe.curation.dedup.lsh.KNOWN_OPTIMA`).
+    """datasketch's (bands, rows) minimizing ``fp_weight * P(fp) + fn_weight * P(fn)`` (looked up in
+    :data:`KNOWN_OPTIMA` first).
 
     The public constructor computes it; it raises ``ValueError`` only for an optimum with b < 2 or
     weights whose float sum is not exactly 1.0 (the config allows 1e-9), and for those
     :func:`weighted_error_optimum` (pinned to the constructor's answers by a test) gives it.
     """
+    known = KNOWN_OPTIMA.get((threshold, num_perm, fp_weight, fn_weight))
+    if known is not None:
+        return known
     try:
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp_weight, fn_weight))
     except ValueError:

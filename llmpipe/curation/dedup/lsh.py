@@ -1,17 +1,11 @@
-"""LSH candidate search over MinHash signatures: in memory, datasketch on Redis, or out-of-core on disk.
+"""LSH candidate search over MinHash signatures: datasketch (memory or Redis) or out-of-core on disk.
 
 Every backend answers the same question for a batch of new documents with global indexes
 ``first .. first + n - 1``: for each new ``j`` and each LSH band, the **anchor** of ``j``'s bucket
 (its smallest member) when that is an earlier document: edges ``(j, anchor)``, at most ``bands``
-per document however large a bucket grows (see :mod:`llmpipe.curation.dedup.core`). The memory
-backend and datasketch key buckets by the band's bytes; the external backend by a 64-bit hash of them
-(a spurious 64-bit collision is ~n^2/2^64 and is then caught by verification).
-
-The memory backend (:class:`MemoryIndex`) is one dict per band from a bucket's band bytes to its
-smallest member: the anchor, the one thing the stage asks of a bucket. A datasketch ``MinHashLSH``
-with dict storage gave the same edges (a test compares them), but held every member of every bucket
-and its import (scipy.integrate) cost ~0.6 CPU-seconds in every dedup process, a fifth of a curation
-run of 4,579 documents; datasketch is imported only for Redis (:class:`DatasketchIndex`).
+per document however large a bucket grows (see :mod:`llmpipe.curation.dedup.core`). datasketch
+keys buckets by the band's bytes; the external backend by a 64-bit hash of them (a spurious 64-bit
+collision is ~n^2/2^64 and is then caught by verification).
 """
 
 from __future__ import annotations
@@ -22,38 +16,24 @@ import shutil
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from datasketch import LeanMinHash, MinHashLSH
 
+from llmpipe.curation.dedup import datasketch_adapter as ds
 from llmpipe.curation.dedup.core import anchor_edges, unique_edges
-from llmpipe.lazy import lazy_import
 from llmpipe.memory import gc_paused
 
-if TYPE_CHECKING:
-    from datasketch import LeanMinHash, MinHashLSH
-
-ds = lazy_import("llmpipe.curation.dedup.datasketch_adapter")  # imports datasketch: Redis and non-default params
-
 _U64 = np.uint64
-
-
-# datasketch's optimum for the default dedup settings (threshold, num_perm, fp_weight, fn_weight),
-# written out: finding it takes ~3,000 numerical integrations, ~0.2 CPU-seconds in every dedup
-# process. A test computes every entry again with ``MinHashLSH`` and compares.
-KNOWN_OPTIMA: dict[tuple[float, int, float, float], tuple[int, int]] = {(0.8, 256, 0.02, 0.98): (28, 9)}
 
 
 @lru_cache(maxsize=64)
 def lsh_params(threshold: float, num_perm: int, bands: int | None = None, rows: int | None = None,
                fp_weight: float = 0.5, fn_weight: float = 0.5) -> tuple[int, int]:
-    """(bands, rows): given, or datasketch's optimum for the threshold and weights (written out in
-    :data:`KNOWN_OPTIMA` for the default settings: no datasketch import then)."""
+    """(bands, rows): given, or datasketch's optimum for the threshold and weights."""
     if bands is not None and rows is not None:
         return int(bands), int(rows)
-    known = KNOWN_OPTIMA.get((threshold, num_perm, fp_weight, fn_weight))
-    if known is not None:
-        return known
     return ds.optimal_params(threshold, num_perm, fp_weight, fn_weight)
 
 
@@ -78,69 +58,7 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return out
 
 
-# -- the memory backend ----------------------------------------------------------------------------
-
-class MemoryIndex:
-    """Per band, a dict from a bucket's band bytes (its ``rows`` signature values) to its smallest
-    member, keyed by global document index; the same anchors as ``MinHashLSH`` with dict storage.
-
-    Not persisted: ``index/lsh.json`` records the storage (``dict``, as the datasketch dict index
-    wrote it), and a refresh rebuilds what it needs from the previous artifact's signatures with
-    :meth:`bulk_insert`, only old documents that share a band key with a new one (see
-    ``stage._bucket_mates``); so the index files are a function of the input shards alone.
-    """
-
-    def __init__(self, bands: int, rows: int) -> None:
-        self.bands, self.rows = bands, rows
-        self.meta: dict[str, Any] = {"storage": {"type": "dict"}}
-        self.tables: list[dict[bytes, int]] = [{} for _ in range(bands)]
-        self.inserts = 0
-        self.queries = 0
-
-    def _keys(self, sigs: np.ndarray, band: int) -> list[bytes]:
-        """Each row's bucket key in ``band``: the band's values as bytes (one numpy copy per band)."""
-        cols = np.ascontiguousarray(sigs[:, band * self.rows : (band + 1) * self.rows])
-        return cols.view(f"V{cols.itemsize * self.rows}").ravel().tolist()
-
-    def _insert(self, idx: list[int], sigs: np.ndarray, query: bool) -> tuple[list[int], list[int]]:
-        """Insert rows ``idx``; with ``query`` also (j, anchor) where a row's bucket has a smaller member."""
-        js: list[int] = []
-        anchors: list[int] = []
-        with gc_paused():
-            for band, table in enumerate(self.tables):
-                for j, key in zip(idx, self._keys(sigs, band), strict=True):
-                    a = table.get(key)
-                    if a is None or j < a:
-                        table[key] = a = j
-                    if query and a < j:
-                        js.append(j)
-                        anchors.append(a)
-        return js, anchors
-
-    def add_and_query(self, idx: np.ndarray, sigs: np.ndarray, query: bool = True) -> np.ndarray:
-        """Insert docs ``idx`` (ascending, after every document already inserted), then their anchor
-        edges ``(j, anchor < j)``, shape (m, 2): a bucket's anchor is its smallest member, and later
-        inserts into it are larger, so it never changes."""
-        js, anchors = self._insert([int(i) for i in idx], sigs, query and len(sigs) > 0)
-        self.inserts += len(sigs)
-        if not query or not len(sigs):
-            return np.zeros((0, 2), np.int64)
-        self.queries += len(sigs)
-        return unique_edges(np.array([js, anchors], dtype=np.int64).T.reshape(-1, 2))
-
-    def bulk_insert(self, idx: np.ndarray, bands: np.ndarray) -> None:
-        """Insert without a query (a refresh's old documents; ``bands``: (n, >= bands * rows) values)."""
-        self._insert([int(i) for i in idx], bands, query=False)
-
-    def save(self, index_dir: Path) -> None:
-        """``lsh.json``: the storage; the buckets are rebuilt from signatures."""
-        (index_dir / "lsh.json").write_text(json.dumps(self.meta, sort_keys=True))
-
-    def close(self) -> None:
-        self.tables = []
-
-
-# -- datasketch backend (Redis) ------------------------------------------------------------------------
+# -- datasketch backends ---------------------------------------------------------------------------
 
 # Filling a ``MinHashLSH`` allocates ~2 acyclic containers per (document, band): with the cyclic GC
 # on, its repeated full collections over the growing heap cost ~8x the inserts themselves, so every
@@ -171,8 +89,6 @@ class DatasketchIndex:
     @classmethod
     def create(cls, threshold: float, num_perm: int, params: tuple[int, int], seed: int,
                storage: dict[str, Any] | None = None) -> DatasketchIndex:
-        from datasketch import MinHashLSH
-
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, params=params, storage_config=storage)
         meta = {"storage": {k: v for k, v in (storage or {"type": "dict"}).items() if k != "basename"}}
         if storage and "basename" in storage:

@@ -8,7 +8,7 @@ Artifact layout (under the stage's output directory):
   ``duplicate_of``;
 - ``index/meta.json`` (parameters + the ordered input shards with their sha256),
   ``index/shards/<stem>/{sig.npy,docs.parquet}`` per-shard signatures and decisions,
-  ``index/lsh.json`` (the storage: dict (memory) or the Redis basename; a refresh rebuilds the memory backend's
+  ``index/lsh.json`` (datasketch storage / Redis basename; a refresh rebuilds the memory backend's
   buckets of the old documents that share a band key with a new one from the signatures, so it
   writes the same bytes as a cold run of the same key),
   ``index/bands/<stem>/{keys.npy,docs.npy}`` (external backend's sorted band records);
@@ -211,7 +211,7 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
                    key: str) -> tuple[Any, bool]:
     """(index, loaded): the previous run's index when the backend keeps one (external runs linked into
     ``out_index/bands``, a Redis basename), else a fresh one that the stage fills from signatures."""
-    from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex, MemoryIndex
+    from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
 
     b, r = params["bands"], params["rows"]
     if cfg.backend == "external":
@@ -220,7 +220,7 @@ def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tupl
             return ExternalIndex(runs, b, r, cfg.memory_budget_mb), True
         return ExternalIndex([], b, r, cfg.memory_budget_mb), False
     if cfg.backend == "memory":
-        return MemoryIndex(b, r), False
+        return DatasketchIndex.create(cfg.threshold, cfg.num_perm, (b, r), cfg.seed), False
     storage = {"type": "redis", "redis": {"host": cfg.redis.host, "port": cfg.redis.port, "db": cfg.redis.db}}
     if prev is not None:
         idx = DatasketchIndex.load_redis(prev[0] / "index", cfg.seed, storage, cfg.threshold, cfg.num_perm, (b, r))
@@ -244,7 +244,7 @@ def run_dedup(ctx: StageContext) -> dict[str, Any]:
 
 def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
     """The stage; ``work``: its scratch folder (the exact-hash runs, per-shard decisions), removed after."""
-    from llmpipe.curation.dedup.lsh import ExternalIndex
+    from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
 
     cfg = ctx.config
     t0 = time.perf_counter()
@@ -385,7 +385,7 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         keeper_ids = [None if status[r] == core.KEPT else ids.get(int(keeper[r])) for r in range(n)]
         splits.append(SplitJob(ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
     ctx.map(write_filtered, splits)
-    if not isinstance(index, ExternalIndex):
+    if isinstance(index, DatasketchIndex):
         index.save(index_dir)
         index.close()
     timings["write"] = time.perf_counter() - t4

@@ -16,7 +16,7 @@ from datasketch import MinHashLSH
 
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup import datasketch_adapter as ds
-from llmpipe.curation.dedup.lsh import KNOWN_OPTIMA, lsh_params
+from llmpipe.curation.dedup.lsh import lsh_params
 
 
 def _sigs(n: int, num_perm: int, seed: int = 0) -> np.ndarray:
@@ -47,11 +47,11 @@ def test_default_config_params_unchanged() -> None:
     assert got == (28, 9), "datasketch's optimum for the default config changed"
 
 
-@pytest.mark.parametrize("key", sorted(KNOWN_OPTIMA))
+@pytest.mark.parametrize("key", sorted(ds.KNOWN_OPTIMA))
 def test_known_optima_are_minhashlsh_own(key: tuple[float, int, float, float]) -> None:
     threshold, num_perm, fp, fn = key
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp, fn))
-    assert KNOWN_OPTIMA[key] == (lsh.b, lsh.r), f"datasketch's optimum for {key} changed: update KNOWN_OPTIMA"
+    assert ds.KNOWN_OPTIMA[key] == (lsh.b, lsh.r), f"datasketch's optimum for {key} changed: update KNOWN_OPTIMA"
 
 
 def test_optimal_params_below_two_bands_falls_back() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmpipe.curation.config import DedupConfig
-from llmpipe.curation.dedup.lsh import DatasketchIndex, MemoryIndex
+from llmpipe.curation.dedup.lsh import DatasketchIndex
 from llmpipe.document import Document
 from llmpipe.store import ArtifactStore
 from tests.fixtures.dedup_runs import planted_pair, publish_input, run_dedup, words
@@ -37,26 +37,6 @@ def test_bulk_insert_stores_what_minhashlsh_insert_stores() -> None:
     for k in (0, 205, 299):
         q = ref._lean(sigs[k])
         assert sorted(got.lsh.query(q)) == sorted(ref.lsh.query(q))
-
-
-def test_memory_index_gives_datasketchs_edges() -> None:
-    """The memory backend (a dict per band: bucket bytes -> smallest member) gives the edges of a
-    datasketch ``MinHashLSH`` with dict storage, batch by batch, after a bulk insert of old rows too."""
-    rng = np.random.default_rng(3)
-    sigs = rng.integers(0, 3, size=(900, 32), dtype=np.uint32)  # 3 values a row: crowded buckets
-    sigs[600:] = rng.integers(0, 2**32, size=(300, 32), dtype=np.uint32)
-    sigs[800:850] = sigs[600:650]
-    sigs[850:860, :4] = sigs[10:20, :4]  # one band shared with old rows
-    idx = np.arange(900, dtype=np.int64) * 2
-    ref, got = DatasketchIndex.create(0.5, 32, (8, 4), seed=1), MemoryIndex(8, 4)
-    for index in (ref, got):
-        index.bulk_insert(idx[:300], sigs[:300])
-    for lo, hi in ((300, 301), (301, 700), (700, 700), (700, 900)):
-        want = ref.add_and_query(idx[lo:hi], sigs[lo:hi])
-        np.testing.assert_array_equal(got.add_and_query(idx[lo:hi], sigs[lo:hi]), want)
-        assert want.shape[1] == 2
-    assert got.inserts == ref.inserts and got.queries == ref.queries
-    assert len(ref.add_and_query(idx[:0], sigs[:0])) == 0 and len(got.add_and_query(idx[:0], sigs[:0])) == 0
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -152,8 +132,7 @@ def test_external_refresh_lookup_gives_the_partition_scans_edges(tmp_path: Path)
     assert (got[:, 1] < 750).any() and (got[:, 1] >= 750).any()  # anchors in old runs and in the new one
 
 
-@pytest.mark.parametrize("kind", ["memory", "datasketch"])
-def test_memory_refresh_index_of_bucket_mates_gives_the_rebuilt_indexs_edges(tmp_path: Path, kind: str) -> None:
+def test_memory_refresh_index_of_bucket_mates_gives_the_rebuilt_indexs_edges(tmp_path: Path) -> None:
     """A refresh inserts only the old documents that share a band key with a new one: same anchors."""
     from llmpipe.curation.dedup.stage import _bucket_mates, _new_band_keys
 
@@ -165,7 +144,7 @@ def test_memory_refresh_index_of_bucket_mates_gives_the_rebuilt_indexs_edges(tmp
     new_idx = np.arange(600, 700, dtype=np.int64)
 
     def edges(old_rows: np.ndarray) -> np.ndarray:
-        index = MemoryIndex(8, 4) if kind == "memory" else DatasketchIndex.create(0.5, 32, (8, 4), seed=1)
+        index = DatasketchIndex.create(0.5, 32, (8, 4), seed=1)
         index.bulk_insert(old_rows, sigs[old_rows])
         return index.add_and_query(new_idx, sigs[600:])
 
