@@ -34,14 +34,15 @@ measured with datatrove 0.10.1, spaCy 3.8). Its language filter loads the same l
 its own asset cache (``FT176LID.MODEL_URL`` points at the local file; no download).
 
 Timing: from the first stage to the last output, after the top-level imports; each side's lazy imports
-(ours: fasttext, Pillow for the funnel charts, datasketch/scipy for dedup, numba where a MinHash batch
-is large enough to use it; datatrove: spaCy) fall inside, as they do for a user. Throughput uses CPU seconds of the process *and its
+(ours: fasttext-new, Pillow for the funnel charts, numba where a MinHash batch is large enough to use
+it; datatrove: spaCy) fall inside, as they do for a user. Throughput uses CPU seconds of the process *and its
 children* (``getrusage`` SELF + CHILDREN: datatrove's executor starts a multiprocessing manager process
 per step), so a busy shared machine distorts the ratio less than wall time would; wall time is printed.
-At ~4.6k short documents, fixed costs (imports, model load, charts: about 0.75 CPU-seconds on our
-side, measured on 200 documents) are a quarter of our time; ``--docs 20000`` shows the per-document
-ratio better. There fastText's prediction on the whole text (~0.14 us per character, the same call
-on both sides) is about half of our time.
+At ~4.6k short documents, fixed costs (imports, model load, charts) are a large share of our time;
+``--docs 20000`` shows the per-document ratio better. Language ID scores each whole text on both
+sides with the same lid.176.ftz and the same answers bit for bit: ours in fasttext-new (Rust, ~0.08 us
+per character), datatrove's in the C++ fastText binding (fasttext-numpy2-wheel; fasttext-predict, the
+same C++, takes ~0.25 us).
 
 Agreement: per rule filter on every document independently (each filter's own definition, untimed
 second pass, English settings on both sides), the rule chain's keep/drop (before dedup), dedup

