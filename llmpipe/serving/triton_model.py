@@ -114,6 +114,11 @@ class Limits:
             if k in data})
 
 
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An additive attention mask: 0 where ``allowed``, the dtype's lowest value elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def _masks(keep: torch.Tensor, steps: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Additive 4D attention masks for a left-padded batch: the prompt's (causal, pads hidden) and one
     for all decode steps (slice ``[..., :length]``), built once per batch.
@@ -124,11 +129,10 @@ def _masks(keep: torch.Tensor, steps: int, dtype: torch.dtype) -> tuple[torch.Te
     no real token ever attends to a pad.
     """
     n, width = keep.shape
-    low = torch.finfo(dtype).min
     eye = torch.eye(width, dtype=torch.bool, device=keep.device)
     causal = torch.ones(width, width, dtype=torch.bool, device=keep.device).tril()
     allowed = (causal[None] & keep[:, None, :]) | eye[None]
-    prompt = torch.zeros((n, 1, width, width), dtype=dtype, device=keep.device).masked_fill(~allowed[:, None], low)
+    prompt = _additive(allowed[:, None], dtype)
     full = torch.cat([keep, keep.new_ones((n, steps))], dim=1)
     step = _key_mask(full, dtype)
     return prompt, step
@@ -136,9 +140,7 @@ def _masks(keep: torch.Tensor, steps: int, dtype: torch.dtype) -> tuple[torch.Te
 
 def _key_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive 4D mask of one decode step: each row's query sees its real positions (``keep``)."""
-    n, width = keep.shape
-    mask = torch.zeros((n, 1, 1, width), dtype=dtype, device=keep.device)
-    return mask.masked_fill(~keep[:, None, None, :], torch.finfo(dtype).min)
+    return _additive(keep[:, None, None, :], dtype)
 
 
 CPU_ATTENTION = "llmpipe_sdpa_gqa"  # the attention the model runs with on CPU (register_cpu_attention)
@@ -518,11 +520,6 @@ class RunningBatch:
                 s.done = True
             if s.done:
                 self.slots[s.slot] = None  # the row is free; nothing else moves
-
-
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An additive attention mask: 0 where ``allowed``, the dtype's lowest value elsewhere."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 class Generator:
