@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
 from pathlib import Path
+from typing import Any
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
@@ -118,6 +120,12 @@ class ArpaModel:
     each word by the longest n-gram the model has (``p(w|h) = b(h) p(w|h')`` for an unseen ``hw``),
     unknown words as ``<unk>``. KenLM's compiled query is faster and also reads its binary format;
     ``tests/unit/curation/test_coherence.py`` pins that both give the same scores on ARPA files.
+
+    Scoring goes through :class:`_NgramIndex` (integer n-gram ids in sorted arrays, a document's
+    sentences in one vector pass per order) instead of a tuple of strings built and looked up per
+    word and context length, which was three quarters of the coherence stage; the additions are the
+    per-word ones in the same order, so the scores are the same floats (a test compares them with
+    the per-word definition, :meth:`reference_score`).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -142,6 +150,7 @@ class ArpaModel:
                     self.backoff[gram] = float(rest[0])
         if (UNK,) not in self.prob:
             raise ValueError(f"{path}: an ARPA model needs a <unk> unigram")
+        self.index = _NgramIndex(self.prob, self.backoff, self.order)
 
     def _word(self, context: tuple[str, ...], word: str) -> float:
         if (word,) not in self.prob:
@@ -152,7 +161,9 @@ class ArpaModel:
                 return self.prob[gram] + sum(self.backoff.get(context[s:], 0.0) for s in range(start))
         raise AssertionError("unreachable: every word has a unigram")
 
-    def score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
+    def reference_score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
+        """:meth:`score` by the definition, one word and one dict lookup per context length at a time
+        (what the tests compare the indexed scorer with)."""
         words = sentence.split()
         history = [BOS] if bos else []
         total = 0.0
@@ -160,3 +171,119 @@ class ArpaModel:
             total += self._word(tuple(history[-(self.order - 1):]) if self.order > 1 else (), w)
             history.append(w)
         return total
+
+    def score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
+        return self.score_lines([sentence], bos, eos)[0]
+
+    def score_lines(self, sentences: Sequence[str], bos: bool = True, eos: bool = True) -> list[float]:
+        """:meth:`score` of each sentence, all of them in one pass (a document's sentences)."""
+        return self.index.score([s.split() for s in sentences], bos, eos)
+
+
+class _NgramIndex:
+    """Every n-gram of a model, and every prefix of one, as an integer node; an n-gram's node is found
+    from its prefix's node and its last word by a binary search in one sorted int64 array per order.
+
+    Words are nodes ``0 .. V-1`` (sorted); a longer n-gram's key is ``prefix node * V + last word``.
+    A node carries its log10 probability (when the model lists the n-gram) and its backoff (0.0 when
+    it lists none, as the per-word lookup's ``get(..., 0.0)``).
+    """
+
+    def __init__(self, prob: dict[tuple[str, ...], float], backoff: dict[tuple[str, ...], float], order: int) -> None:
+        import numpy as np
+
+        grams = [*prob, *(g for g in backoff if g not in prob)]
+        words = sorted({w for g in grams for w in g})
+        self.vocab = {w: i for i, w in enumerate(words)}
+        v = self.n_words = len(words)
+        node: dict[tuple[str, ...], int] = {(w,): i for i, w in enumerate(words)}
+        keys: list[list[int]] = [[] for _ in range(order + 1)]
+        ids: list[list[int]] = [[] for _ in range(order + 1)]
+        for g in sorted(grams, key=len):
+            for n in range(2, len(g) + 1):
+                if g[:n] not in node:
+                    node[g[:n]] = len(node)
+                    keys[n].append(node[g[: n - 1]] * v + self.vocab[g[n - 1]])
+                    ids[n].append(node[g[:n]])
+        if len(node) * v >= 2**63:
+            raise ValueError(f"an ARPA model of {len(node)} n-grams over {v} words is past the index's int64 keys")
+        self.order = order
+        self.keys, self.ids = [], []
+        for n in range(order + 1):
+            k = np.asarray(keys[n], dtype=np.int64)
+            at = np.argsort(k, kind="stable")
+            self.keys.append(k[at])
+            self.ids.append(np.asarray(ids[n], dtype=np.int64)[at])
+        self.prob = np.full(len(node), np.nan)
+        self.listed = np.zeros(len(node), dtype=bool)
+        self.backoff = np.zeros(len(node))
+        for g, p in prob.items():
+            self.prob[node[g]], self.listed[node[g]] = p, True
+        for g, b in backoff.items():
+            self.backoff[node[g]] = b
+        self.unk = self.vocab[UNK]
+
+    def _child(self, n: int, parent: Any, word: Any) -> Any:
+        """The nodes of the n-grams ``parent`` + ``word`` (-1: not an n-gram or prefix of the model)."""
+        import numpy as np
+
+        keys = self.keys[n]
+        out = np.full(len(parent), -1, dtype=np.int64)
+        ok = (parent >= 0) & (word >= 0)
+        if not len(keys) or not ok.any():
+            return out
+        q = parent[ok] * self.n_words + word[ok]
+        at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+        out[ok] = np.where(keys[at] == q, self.ids[n][at], -1)
+        return out
+
+    def score(self, sentences: Sequence[Sequence[str]], bos: bool, eos: bool) -> list[float]:
+        """log10 probability of each token sentence, as ``ArpaModel.reference_score`` adds it up."""
+        import numpy as np
+
+        extra = int(bos) + int(eos)  # <s> and </s> around each sentence's words
+        lens = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences)) + extra
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1])) if len(sentences) else np.zeros(0, dtype=np.int64)
+        total = int(lens.sum())
+        if not total:
+            return [0.0] * len(sentences)
+        local = np.arange(total, dtype=np.int64) - np.repeat(starts, lens)  # position in its sentence
+        word = np.empty(total, dtype=np.int64)  # the history's words (-1: not a word of the model)
+        inner = np.ones(total, dtype=bool)
+        if bos:
+            word[starts], inner[starts] = self.vocab.get(BOS, -1), False
+        if eos:
+            word[starts + lens - 1], inner[starts + lens - 1] = self.vocab.get(EOS, -1), False
+        words = chain.from_iterable(sentences)  # one C loop of dict lookups, not a tuple per word and order
+        word[inner] = np.fromiter(map(self.vocab.get, words, repeat(-1)), dtype=np.int64, count=total - len(sentences) * extra)
+        known = word >= 0
+        known[known] = self.listed[word[known]]
+        scored = np.where(known, word, self.unk)  # the word a position is scored as (<unk> when unlisted)
+        ctx = np.minimum(local, self.order - 1)  # context length of each position
+        hist: list[Any] = [None, word]  # hist[n][i]: node of the n tokens ending at i (-1: none)
+        best = scored.copy()  # node of the longest listed n-gram ending in the scored word
+        best_n = np.ones(total, dtype=np.int64)
+        for n in range(2, self.order + 1):
+            prev = np.concatenate(([-1], hist[n - 1][:-1]))
+            prev[local < n - 1] = -1  # the n-gram would start before its sentence
+            node = self._child(n, prev, scored)
+            hit = node >= 0
+            hit[hit] = self.listed[node[hit]]
+            best = np.where(hit, node, best)
+            best_n = np.where(hit, n, best_n)
+            if n < self.order:
+                hist.append(np.where(known, node, self._child(n, prev, word)) if not known.all() else node)
+        backoff = np.zeros(total)
+        for n in range(self.order - 1, 0, -1):  # longest context first, as the per-word sum adds them
+            before = np.concatenate(([-1], hist[n][:-1]))
+            use = (n <= ctx) & (n >= best_n) & (before >= 0)
+            backoff = backoff + np.where(use, self.backoff[np.maximum(before, 0)], 0.0)
+        value = (self.prob[best] + backoff).tolist()
+        out = []
+        first = 1 if bos else 0  # <s> is context, never scored
+        for a, n in zip(starts.tolist(), lens.tolist(), strict=True):
+            t = 0.0
+            for x in value[a + first : a + n]:
+                t += x
+            out.append(t)
+        return out

@@ -26,6 +26,7 @@ import re
 from array import array
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -107,27 +108,51 @@ def load_kenlm(path: str, scorer: str = "auto") -> Any:
 
 def kenlm_perplexity(model: Any, text: str, lang: str, sp_model: str | None = None) -> tuple[float | None, int]:
     """(perplexity, tokens scored incl. one </s> per sentence); (None, 0) for a text with no words."""
-    log10, n = 0.0, 0
-    for sent in sentences_of(text):
-        toks = tokenize(normalize(sent), lang, sp_model)
-        if not toks:
-            continue
-        log10 += model.score(" ".join(toks), bos=True, eos=True)
-        n += len(toks) + 1
-    return (10.0 ** (-log10 / n), n) if n else (None, 0)
+    return kenlm_perplexities(model, [text], lang, sp_model)[0]
+
+
+def kenlm_perplexities(model: Any, texts: Sequence[str], lang: str, sp_model: str | None = None
+                       ) -> list[tuple[float | None, int]]:
+    """:func:`kenlm_perplexity` of each text. The Python ARPA scorer takes every sentence of the
+    texts in one call (``score_lines``: a vector pass per n-gram order instead of a tuple of strings
+    built and looked up per word and context length); each text's sum over its sentences is the same
+    left-to-right one either way, so the perplexities are the same floats."""
+    sents = [[toks for sent in sentences_of(text) if (toks := tokenize(normalize(sent), lang, sp_model))]
+             for text in texts]
+    lines = [" ".join(toks) for doc in sents for toks in doc]
+    batch = getattr(model, "score_lines", None)
+    scores = iter(batch(lines) if batch is not None else [model.score(line, bos=True, eos=True) for line in lines])
+    out: list[tuple[float | None, int]] = []
+    for doc in sents:
+        log10, n = 0.0, 0
+        for toks in doc:
+            log10 += next(scores)
+            n += len(toks) + 1
+        out.append((10.0 ** (-log10 / n), n) if n else (None, 0))
+    return out
+
+
+BATCH = 256  # documents whose sentences the Python ARPA scorer takes in one call
 
 
 def score_kenlm_shard(shard: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Per document: ``{"lang", "perplexity", "tokens"}`` (perplexity None: no model or no words)."""
     models, sp, default_lang = payload["models"], payload["sentencepiece"], payload["default_lang"]
     scorer = payload.get("arpa_scorer", "auto")
-    out = []
-    for text, meta in iter_rows(shard, ("text", "metadata")):  # no Document per row: the model's work only
-        lang = _lang(meta, default_lang)
-        path = models.get(lang)
-        model = None if path is None else load_kenlm(path, scorer)
-        ppl, n = (None, 0) if model is None else kenlm_perplexity(model, text, lang, sp.get(lang))
-        out.append({"lang": lang, "perplexity": None if ppl is None else round(ppl, 4), "tokens": n})
+    rows = iter_rows(shard, ("text", "metadata"))  # no Document per row: the model's work only
+    out: list[dict[str, Any]] = []
+    while chunk := [(text, _lang(meta, default_lang)) for text, meta in islice(rows, BATCH)]:
+        results: list[tuple[float | None, int]] = [(None, 0)] * len(chunk)
+        for lang in dict.fromkeys(lang for _, lang in chunk):  # each language's documents with its model
+            path = models.get(lang)
+            if path is None:
+                continue
+            at = [i for i, (_, la) in enumerate(chunk) if la == lang]
+            scored = kenlm_perplexities(load_kenlm(path, scorer), [chunk[i][0] for i in at], lang, sp.get(lang))
+            for i, r in zip(at, scored, strict=True):
+                results[i] = r
+        out.extend({"lang": lang, "perplexity": None if ppl is None else round(ppl, 4), "tokens": n}
+                   for (_, lang), (ppl, n) in zip(chunk, results, strict=True))
     return out
 
 

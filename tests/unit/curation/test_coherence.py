@@ -226,3 +226,44 @@ def test_a_rule_is_re_applied_from_the_stored_scores(tmp_path: Path) -> None:
              for d in read_shard(p)}
     assert {d.id: rule(d.metadata["scores"]["coherence"]).reason for d in stored} == rerun
     assert stats["rejected"] == {"coherence_middle": 9, "coherence_tail": 27}  # 45 docs: 9 head, 9 middle
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
+def test_the_indexed_arpa_scorer_adds_the_same_floats_as_the_per_word_definition(tmp_path: Path, order: int) -> None:
+    """The vector scorer (ids in sorted arrays, a batch of sentences at once) against
+    ``reference_score`` (a dict lookup per word and context length): equal floats, not close ones,
+    with unknown words, the markers written as words, empty sentences and every bos/eos choice."""
+    from llmpipe.curation.arpa import ArpaModel
+
+    rng = random.Random(order)
+    sents = [[rng.choice("abcdefg") for _ in range(rng.randint(1, 9))] for _ in range(400)]
+    model = ArpaModel(write_arpa(sents, tmp_path / "m.arpa", order))
+    vocab = [*"abcdefgxy", "<s>", "</s>", "<unk>"]
+    probes = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 12))) for _ in range(1000)]
+    for bos, eos in ((True, True), (True, False), (False, True), (False, False)):
+        want = [model.reference_score(p, bos, eos) for p in probes]
+        assert model.score_lines(probes, bos, eos) == want
+        assert [model.score(p, bos, eos) for p in probes[:20]] == want[:20]
+    assert model.score_lines([]) == []
+
+
+def test_a_batch_of_documents_gets_each_documents_own_perplexity(tmp_path: Path) -> None:
+    """kenlm_perplexities over a batch equals kenlm_perplexity one document at a time, and that
+    equals the per-sentence sum through the per-word definition (documents without words: None)."""
+    from llmpipe.curation import coherence
+    from llmpipe.curation.arpa import ArpaModel
+
+    rng = random.Random(5)
+    words = "the cat sat on a mat while dog ran far away 12 times".split()
+    refs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "." for _ in range(200)]
+    model = ArpaModel(coherence.build_reference_model(refs, "en", tmp_path / "en.arpa", 3))
+    docs = ["\n".join(" ".join(rng.choice([*words, "zebra"]) for _ in range(rng.randint(1, 9))) + "."
+                      for _ in range(rng.randint(1, 4))) for _ in range(60)] + ["", "...", "   \n"]
+    batch = coherence.kenlm_perplexities(model, docs, "en")
+    assert batch == [coherence.kenlm_perplexity(model, d, "en") for d in docs]
+    for doc, (ppl, n) in zip(docs, batch, strict=True):
+        sents = [t for s in coherence.sentences_of(doc) if (t := coherence.tokenize(coherence.normalize(s), "en"))]
+        log10 = 0.0
+        for t in sents:
+            log10 += model.reference_score(" ".join(t))
+        assert (ppl, n) == ((10.0 ** (-log10 / n), n) if sents else (None, 0))

@@ -129,3 +129,24 @@ def test_the_source_file_date_comes_last(tmp_path: Path) -> None:
     got = sorted((d.metadata["scores"]["timeliness"]["date"], d.metadata["scores"]["timeliness"]["origin"])
                  for p in shard_paths(Path(runs["timeliness"].path)) for d in read_shard(p))
     assert got == [("2020-05-05", "mtime"), ("2021-03-04", "text")]
+
+
+def test_the_prefilter_never_skips_a_text_date() -> None:
+    """``_MAYBE_TEXT_DATE`` only skips texts in which ``_TEXT`` finds nothing: random texts built from
+    the pieces dates are made of (digits, months, separators, 年月日, spaces, dots), each checked
+    with and without the prefilter."""
+    import random
+
+    from llmpipe.curation import timeliness as tl
+
+    rng = random.Random(0)
+    pieces = ["2021", "1999", "12345", "3", "04", "-", "/", ".", ",", " ", "\n", "\u00a0", "March", "sept",
+              "März", "st", "年", "月", "日", "x", "Page", "(", ")", "2021-03-04", "4 March 2021", "March 4th, 2021",
+              "04.03.2021", "2021年3月4日", "Sept. 30 1999", "1999/12/31"]
+    seen = 0
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        found = tl._TEXT.search(text) is not None
+        seen += found
+        assert not found or tl._MAYBE_TEXT_DATE.search(text), text
+    assert seen > 500  # the pieces do make dates: the check is not vacuous
