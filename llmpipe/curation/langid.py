@@ -70,10 +70,12 @@ def _visible_chars(text: str) -> int:
 def _has_visible(min_chars: int) -> Any:
     """``match(text, 0, _SHORT_WINDOW)``: not None iff ``text[:_SHORT_WINDOW]`` holds at least
     ``min_chars`` characters outside ``_SPACES`` (``_visible_chars(text[:4096]) >= min_chars``).
-    The regex stops after the ``min_chars``-th one, so a long document costs what its first line
-    costs, where six counts over 4,096 characters and the slice cost ~3 us a document."""
-    ws = "[" + re.escape(_SPACES) + "]"
-    return re.compile(f"(?:{ws}*+[^{ws[1:]}){{{min_chars}}}").match
+    The regex (``[spaces]*+[^spaces]`` written out ``min_chars`` times up to 64: single-character repeats are
+    sre's fast loop, a repeated group is not) stops at the ``min_chars``-th visible character, so a
+    long document costs what its first line costs, where six counts over 4,096 characters and the
+    slice took ~3 us a document."""
+    one = f"[{re.escape(_SPACES)}]*+[^{re.escape(_SPACES)}]"
+    return re.compile(one * min_chars if min_chars <= 64 else f"(?:{one}){{{min_chars}}}").match
 
 
 def _has_code_hint(head: str) -> bool:
@@ -115,6 +117,11 @@ def code_ratio(text: str, max_lines: int = 200) -> float:
     """Share of non-empty lines (of the first ``max_lines``) that look like source code."""
     if not _has_code_hint(text[:20000]):  # substring tests are C-fast; most prose has none
         return 0.0
+    return _line_code_ratio(text, max_lines)
+
+
+def _line_code_ratio(text: str, max_lines: int = 200) -> float:
+    """``code_ratio`` past its hint test."""
     lines = [ln for ln in text.split("\n", max_lines)[:max_lines] if ln.strip()]
     if not lines:
         return 0.0
@@ -187,22 +194,14 @@ class LanguageFilter(Filter):
         return self.filter_batch([doc])[0]
 
     def filter_batch(self, docs: Sequence[Document]) -> list[FilterResult]:
-        cfg, name, tag_mode, keep = self.cfg, self.name, self.tag_mode, self.keep
-        has_visible, detect_code, cap = self._has_visible, cfg.detect_code, cfg.max_chars
+        results: list[FilterResult | None] = [None] * len(docs)
+        to_model = self._rules(docs, results)
+        cap, name, tag_mode, keep = self.cfg.max_chars, self.name, self.tag_mode, self.keep
         thresholds, default = self.thresholds, self.default_threshold
         predict = self.lid.predict_one
-        results: list[FilterResult] = []
-        for d in docs:
+        for i in to_model:
+            d = docs[i]
             text = d.text
-            if has_visible is not None and has_visible(text, 0, _SHORT_WINDOW) is None:
-                results.append(self._tag(d, "und", 0.0, "too_short"))
-                continue
-            if detect_code:
-                cr = code_ratio(text)
-                if cr >= cfg.code_threshold and cr > 0:
-                    code_kept = cfg.keep_code or "code" in keep
-                    results.append(self._tag(d, "code", cr, None if code_kept else "code", code_ratio=cr))
-                    continue
             lang, score = predict(text[:cap] if cap else text)
             confident = score > thresholds.get(lang, default)
             # what _tag(d, tagged, score, reason, lang) writes, inline: the path every document takes
@@ -219,8 +218,28 @@ class LanguageFilter(Filter):
             meta["lang_score"] = score
             meta.setdefault("scores", {})[name] = (
                 {"lang": tagged, "score": score} if tagged == lang else {"lang": tagged, "score": score, "pred": lang})
-            results.append(True if reason is None else (False, reason))
-        return results
+            results[i] = True if reason is None else (False, reason)
+        return results  # type: ignore[return-value]
+
+    def _rules(self, docs: Sequence[Document], results: list[FilterResult | None]) -> list[int]:
+        """Decide short texts and code by rule (into ``results``); the indexes left for the model.
+        A loop of its own: run between two model calls, the rules' code and tables start cold."""
+        cfg = self.cfg
+        has_visible, detect_code = self._has_visible, cfg.detect_code
+        to_model: list[int] = []
+        for i, d in enumerate(docs):
+            text = d.text
+            if has_visible is not None and has_visible(text, 0, _SHORT_WINDOW) is None:
+                results[i] = self._tag(d, "und", 0.0, "too_short")
+                continue
+            if detect_code and _has_code_hint(text[:20000]):  # code_ratio without a call on prose
+                cr = _line_code_ratio(text)
+                if cr >= cfg.code_threshold and cr > 0:
+                    code_kept = cfg.keep_code or "code" in self.keep
+                    results[i] = self._tag(d, "code", cr, None if code_kept else "code", code_ratio=cr)
+                    continue
+            to_model.append(i)
+        return to_model
 
     def _tag(self, doc: Document, lang: str, score: float, reason: str | None,
              pred: str | None = None, code_ratio: float | None = None) -> FilterResult:
