@@ -135,3 +135,47 @@ def test_same_labels_and_scores_as_fasttext_cpp() -> None:
         labels, probs = cpp.predict(text.replace("\n", " "), k=1, threshold=0.0, on_unicode_error="replace")
         expected = (labels[0].removeprefix("__label__"), min(float(probs[0]), 1.0)) if labels else ("und", 0.0)
         assert (lang, score) == expected, repr(text[:80])
+
+
+def test_fast_rules_decide_as_their_definitions() -> None:
+    """The short-text regex and the gated code-hint test (the hot path's cheap forms) give what their
+    plain definitions give: ``_visible_chars(text[:4096]) >= min_chars`` and ``any(h in text ...)``,
+    on random text of every whitespace and hint character, around the regex's unrolled/grouped cut."""
+    import random
+
+    from llmpipe.curation.langid import _CODE_HINTS, _has_code_hint, _has_visible, _visible_chars
+
+    rng = random.Random(3)
+    alphabet = " \n\t\r\u3000\xa0\x0b\x0c\x85\u2028ab中\ud800;{}<>=/"
+    for min_chars in (1, 2, 20, 64, 65, 300, 4096, 4097):
+        has_visible = _has_visible(min_chars)
+        for _ in range(300):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.choice((0, 3, 30, 200, 5000))))
+            assert (has_visible(text, 0, 4096) is not None) == (_visible_chars(text[:4096]) >= min_chars), text
+        assert (has_visible("a" * 5000, 0, 4096) is not None) == (min_chars <= 4096)
+    pieces = [*_CODE_HINTS, "<", ">", "=", "de", "f ", "retur", "x", " ", "\n", "中"]
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        assert _has_code_hint(text) == any(h in text for h in _CODE_HINTS), text
+
+
+def test_filter_decisions_and_metadata_in_every_mode() -> None:
+    """Every path of ``filter_batch`` (too short, code kept or dropped, not kept, low score, tag and
+    route to und) writes the values and reasons the rules define, in one batch with the model's docs."""
+    texts = ["hi", CODE, SENTENCES["en"], SENTENCES["de"], SENTENCES["fr"]]
+    f = LanguageFilter(LangIdConfig(languages=["en", "fr"], thresholds={"fr": 0.999}, keep_code=False))
+    docs = [doc(t) for t in texts]
+    assert f.filter_batch(docs) == [(False, "too_short"), (False, "code"), True, (False, "lang_not_kept"),
+                                    (False, "low_lang_score")]
+    metas = [d.metadata for d in docs]
+    assert metas[0]["lang"] == "und" and metas[0]["lang_score"] == 0.0
+    assert metas[1]["scores"]["langid"] == {"lang": "code", "score": code_ratio(CODE), "code_ratio": code_ratio(CODE)}
+    preds = LanguageIdentifier().predict(texts[2:])
+    for m, (lang, score) in zip(metas[2:], preds, strict=True):
+        assert (m["lang"], m["lang_score"]) == (lang, score)
+        assert m["scores"]["langid"] == {"lang": lang, "score": score}
+    tagged = [doc(t) for t in texts]
+    assert LanguageFilter(LangIdConfig(mode="tag", thresholds={"fr": 0.999})).filter_batch(tagged) == [True] * 5
+    assert tagged[4].metadata["lang"] == "und"
+    assert tagged[4].metadata["scores"]["langid"] == {"lang": "und", "score": preds[2][1], "pred": "fr"}
+    assert [d.metadata["lang"] for d in tagged[:4]] == ["und", "code", "en", "de"]
