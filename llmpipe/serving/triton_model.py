@@ -281,12 +281,16 @@ class Stream:
     last: int = 0  # its latest token (the next decode step's input)
 
 
+_HOLE = GenRequest([], 1, 0.0)  # what a decode step's hole row is picked by: argmax, ignored
+
+
 class _Plan:
     """Where one forward pass's new keys and values go in a :class:`SlotCache` and what attention reads.
 
-    ``src``: (batch row, query index) of each real token of the pass (pads are not written; None:
-    every batch row's one query, a decode step without holes); ``dst``:
-    the (slot, column) each one is written to; ``read``: the slots attention reads, a slice (a view of
+    ``src``: (batch row, query index) of each real token of the pass (pads are not written), and
+    ``dst`` the (slot, column) each one is written to; or, for a decode step, ``src`` None and ``dst``
+    the column of each of the first rows' one query (a ``scatter_`` index, shaped like the pass's new
+    keys: ``[rows, kv_heads, 1, head_dim]``); ``read``: the slots attention reads, a slice (a view of
     the cache: no copy) or the slots of a prefill's rows (a copy of those rows only); ``length``: the
     columns it reads (the longest row's)."""
 
@@ -323,13 +327,13 @@ def _slot_cache_class() -> type:
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             plan = self.owner.plan
-            rows, cols = plan.dst
-            if plan.src is None:  # a decode step without holes: each batch row's one token
-                keys, values = key_states[:, :, 0], value_states[:, :, 0]
+            if plan.src is None:  # a decode step: batch row i's one token goes to column dst[i] of row i
+                self.keys.scatter_(2, plan.dst, key_states)  # in place, one op (an index write is a dozen)
+                self.values.scatter_(2, plan.dst, value_states)
             else:
-                keys, values = key_states[plan.src[0], :, plan.src[1]], value_states[plan.src[0], :, plan.src[1]]
-            self.keys[rows, :, cols] = keys  # in place: one vector per real token
-            self.values[rows, :, cols] = values
+                rows, cols = plan.dst
+                self.keys[rows, :, cols] = key_states[plan.src[0], :, plan.src[1]]  # one vector per real token
+                self.values[rows, :, cols] = value_states[plan.src[0], :, plan.src[1]]
             return self.keys[plan.read, :, :plan.length], self.values[plan.read, :, :plan.length]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -397,6 +401,12 @@ class RunningBatch:
         self.model, self.eos_ids, self.pad_id, self.rng = model, eos_ids, pad_id, rng
         self.max_rows, self.chunk_tokens = max_rows, chunk_tokens
         self.cache = slot_cache(model, max_rows)  # allocated once, for the model's life
+        self.device = model.device  # read once: the property walks the model's parameters (40 µs a call)
+        # each row's decode mask, kept across steps: a row's columns 0..its length are open (0), the
+        # rest closed (the dtype's lowest); a step opens one column per row, a join closes its row
+        self.mask = _additive(torch.zeros((max_rows, 1, 1, self.cache.layers[0].get_max_length()),
+                                          dtype=torch.bool, device=self.device), model.dtype)
+        self.head_shape = (self.cache.layers[0].keys.shape[1], 1, self.cache.layers[0].keys.shape[3])
         self.slots: list[Stream | None] = [None] * max_rows
         self.prefilling: list[Stream] = []  # joined, prompt not all in the cache yet (arrival order)
         self.passes = 0  # forward passes run (prefill chunks and steps): tokens / passes is the mean batch
@@ -428,6 +438,7 @@ class RunningBatch:
                                  f"is over the model's {positions} positions")
         for s, slot, g in zip(streams, free, row_generators([s.request for s in streams], self.rng), strict=False):
             s.slot, s.filled, s.generator = slot, 0, g
+            self.mask[slot].fill_(torch.finfo(self.mask.dtype).min)  # its predecessor's columns: closed
             self.slots[slot] = s
             self.prefilling.append(s)
 
@@ -452,7 +463,7 @@ class RunningBatch:
                 break
             parts.append((s, s.filled, n))
             budget -= n
-        device, k, width = self.model.device, len(parts), max(n for _, _, n in parts)
+        device, k, width = self.device, len(parts), max(n for _, _, n in parts)
         ids = torch.full((k, width), self.pad_id, dtype=torch.long)
         for i, (s, start, n) in enumerate(parts):
             ids[i, :n] = torch.tensor(s.request.input_ids[start:start + n], dtype=torch.long)
@@ -474,44 +485,52 @@ class RunningBatch:
                             past_key_values=self.cache, use_cache=True,
                             logits_to_keep=torch.tensor(keep or [width - 1], device=device)).logits
         self.passes += 1
-        for s, _, n in parts:
+        for s, start, n in parts:
             s.filled += n
+            self.mask[s.slot, :, :, start:start + n] = 0.0  # its decode steps see these columns
         if not ends:
             return
         done = [parts[i][0] for i in ends]
         self.prefilling = [s for s in self.prefilling if s.filled < len(s.request.input_ids)]
         rows = logits[torch.tensor(ends, device=device), torch.tensor([keep.index(int(counts[i]) - 1) for i in ends],
                                                                         device=device)]
-        self._emit(done, pick_tokens(rows, [s.request for s in done], [s.generator for s in done]))
+        self._emit(done, pick_tokens(rows, [s.request for s in done], [s.generator for s in done]).tolist())
 
     def _decode(self, rows: list[Stream]) -> None:
-        """One decode step: the forward pass runs over rows ``0..last used``; a row without a decoding
-        stream in that range (free, or still prefilling) is a hole: fed a pad, its output ignored,
-        nothing of it written."""
-        device, width = self.model.device, rows[-1].slot + 1
+        """One decode step: the forward pass runs over rows ``0..last used`` and writes one column of
+        each (a plain per-row index, no gather of the rows that decode). A row without a decoding
+        stream in that range is a hole: fed a pad at a column nobody reads yet (a free row's column 0,
+        a prefilling row's next prompt column, which its next chunk overwrites), its token ignored.
+
+        What a step builds is small on purpose (at the tiny model's size a step is under 2 ms and each
+        tensor op costs µs): one tensor of ids and positions from plain lists, one ``scatter_`` opening
+        each row's new column in the kept mask (:attr:`mask`), one per layer writing its keys (and
+        values), the mask and the cache read as views (SDPA takes a strided mask without a copy)."""
+        width = rows[-1].slot + 1
         ids, pos = [self.pad_id] * width, [0] * width  # plain lists: cheaper than index writes per step
+        reqs: list[GenRequest] = [_HOLE] * width
+        gens: list[torch.Generator | None] = [None] * width
+        for s in self.prefilling:
+            if s.slot < width:
+                pos[s.slot] = s.filled
         for s in rows:
             ids[s.slot], pos[s.slot] = s.last, s.filled + s.tokens - 1  # its cached positions: the next column
-        positions = torch.tensor(pos, dtype=torch.long)
-        holes = len(rows) < width
-        slots = torch.tensor([s.slot for s in rows], dtype=torch.long, device=device) if holes else None
-        lengths = positions.to(device)
+            reqs[s.slot], gens[s.slot] = s.request, s.generator
+        inputs = torch.tensor([ids, pos], dtype=torch.long, device=self.device)
+        cols = inputs[1].view(width, 1, 1, 1)
         length = max(pos) + 1
-        self.cache.plan = _Plan(None if slots is None else (slots, torch.zeros_like(slots)),
-                                (torch.arange(width, device=device) if slots is None else slots,
-                                 lengths if slots is None else lengths[slots]), slice(0, width), length)
-        allowed = torch.arange(length)[None, :] <= positions[:, None]  # a hole sees its column 0 only
-        mask = _additive(allowed[:, None, None, :], self.model.dtype).to(device)
-        logits = self.model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, None],
-                            attention_mask=mask, position_ids=lengths[:, None], past_key_values=self.cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        self.cache.plan = _Plan(None, cols.expand(width, *self.head_shape), slice(0, width), length)
+        self.mask.scatter_(3, cols, 0.0)  # each row's new column: open
+        mask = self.mask[:width, :, :, :length]  # a strided view: SDPA takes it as it is (timed: no copy)
+        logits = self.model(input_ids=inputs[0, :, None], attention_mask=mask, position_ids=inputs[1, :, None],
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.passes += 1
-        logits = logits if slots is None else logits[slots]
-        self._emit(rows, pick_tokens(logits, [s.request for s in rows], [s.generator for s in rows]))
+        picked = pick_tokens(logits, reqs, gens).tolist()
+        self._emit(rows, [picked[s.slot] for s in rows])
 
-    def _emit(self, streams: list[Stream], picked: torch.Tensor) -> None:
+    def _emit(self, streams: list[Stream], picked: list[int]) -> None:
         """Hand ``streams`` their picked tokens; free the rows of those that ended."""
-        for s, tok in zip(streams, picked.tolist(), strict=True):
+        for s, tok in zip(streams, picked, strict=True):
             s.tokens += 1
             s.last = tok
             last = s.tokens >= s.request.max_tokens or tok in self.eos_ids
