@@ -287,12 +287,12 @@ _HOLE = GenRequest([], 1, 0.0)  # what a decode step's hole row is picked by: ar
 class _Plan:
     """Where one forward pass's new keys and values go in a :class:`SlotCache` and what attention reads.
 
-    ``src``: (batch row, query index) of each real token of the pass (pads are not written), and
-    ``dst`` the (slot, column) each one is written to; or, for a decode step, ``src`` None and ``dst``
-    the column of each of the first rows' one query (a ``scatter_`` index, shaped like the pass's new
-    keys: ``[rows, kv_heads, 1, head_dim]``); ``read``: the slots attention reads, a slice (a view of
-    the cache: no copy) or the slots of a prefill's rows (a copy of those rows only); ``length``: the
-    columns it reads (the longest row's)."""
+    A decode step (``src`` None): ``dst`` holds the column of each of the first rows' one query (a
+    ``scatter_`` index shaped like the pass's new keys, ``[rows, kv_heads, 1, head_dim]``), ``read``
+    the rows attention reads (a slice: a view of the cache, no copy) and ``length`` the columns (the
+    longest row's). A packed pass (one sequence, ``src`` its token indices): ``dst`` the (slot,
+    column) each token is written to, ``read`` the (slot, column) of each key attention reads
+    (gathered: a copy of those columns only), ``length`` their count."""
 
     __slots__ = ("src", "dst", "read", "length")
 
@@ -330,10 +330,13 @@ def _slot_cache_class() -> type:
             if plan.src is None:  # a decode step: batch row i's one token goes to column dst[i] of row i
                 self.keys.scatter_(2, plan.dst, key_states)  # in place, one op (an index write is a dozen)
                 self.values.scatter_(2, plan.dst, value_states)
-            else:
-                rows, cols = plan.dst
-                self.keys[rows, :, cols] = key_states[plan.src[0], :, plan.src[1]]  # one vector per real token
-                self.values[rows, :, cols] = value_states[plan.src[0], :, plan.src[1]]
+            else:  # a packed pass (one sequence): token i goes to (slot, column) dst[.][i]
+                self.keys[plan.dst[0], :, plan.dst[1]] = key_states[0].transpose(0, 1)  # [tokens, heads, dim]
+                self.values[plan.dst[0], :, plan.dst[1]] = value_states[0].transpose(0, 1)
+            if isinstance(plan.read, tuple):  # the (slot, column) of each key it reads, gathered: a copy
+                slots, cols = plan.read
+                keys, values = self.keys[slots, :, cols], self.values[slots, :, cols]  # [keys, kv_heads, head_dim]
+                return keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
             return self.keys[plan.read, :, :plan.length], self.values[plan.read, :, :plan.length]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -388,10 +391,12 @@ class RunningBatch:
     tokens do not depend on who shares its batch (greedy tokens equal :func:`decode_batch` on the
     request alone; a test pins it).
 
-    Chunked prefill: :meth:`step` runs at most one prefill pass of at most ``chunk_tokens`` prompt
-    tokens (of the joining streams, in arrival order), then one decode step for the rows that have
-    their first token, so a running stream waits for one chunk between two tokens, never for a whole
-    long prompt. A stream gets its first token from the pass that holds its prompt's last chunk.
+    Chunked prefill: while streams join, :meth:`step` runs one forward pass over at most
+    ``chunk_tokens`` prompt tokens (of the joining streams, in arrival order) and the decoding rows'
+    next tokens, packed into one sequence, so a running stream waits for one chunk between two
+    tokens, never for a whole long prompt, and a join costs no pass of its own. A stream gets its
+    first token from the pass that holds its prompt's last chunk. Otherwise a step is a plain decode
+    pass over the rows (:meth:`_decode`).
     """
 
     def __init__(self, model: Any, eos_ids: set[int], pad_id: int, rng: torch.Generator | None = None,
@@ -444,18 +449,18 @@ class RunningBatch:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One prefill chunk (when streams are joining), then one decode step for every row that has its
-        first token: each gets its next token."""
-        if self.prefilling:
-            self._prefill_chunk()
+        """One prefill chunk (when streams are joining) and one decode step for every row that has its
+        first token, in one forward pass: each gets its next token."""
         decoding = [s for s in self.slots if s is not None and s.filled == len(s.request.input_ids)]
-        if decoding:
+        if self.prefilling:
+            self._packed(self._chunk(), decoding)
+        elif decoding:
             self._decode(decoding)
 
-    def _prefill_chunk(self) -> None:
-        """One forward pass over the next at most ``chunk_tokens`` prompt tokens of the joining streams
-        (right-padded rows, one per stream); a stream whose prompt it completes gets its first token."""
-        parts: list[tuple[Stream, int, int]] = []  # (stream, first column, tokens) of this pass
+    def _chunk(self) -> list[tuple[Stream, int, int]]:
+        """The next at most ``chunk_tokens`` prompt tokens of the joining streams, in arrival order:
+        (stream, first column, tokens) per stream."""
+        parts: list[tuple[Stream, int, int]] = []
         budget = self.chunk_tokens
         for s in self.prefilling:
             n = min(len(s.request.input_ids) - s.filled, budget)
@@ -463,38 +468,52 @@ class RunningBatch:
                 break
             parts.append((s, s.filled, n))
             budget -= n
-        device, k, width = self.device, len(parts), max(n for _, _, n in parts)
-        ids = torch.full((k, width), self.pad_id, dtype=torch.long)
-        for i, (s, start, n) in enumerate(parts):
-            ids[i, :n] = torch.tensor(s.request.input_ids[start:start + n], dtype=torch.long)
-        starts = torch.tensor([start for _, start, _ in parts], dtype=torch.long)
-        counts = torch.tensor([n for _, _, n in parts], dtype=torch.long)
-        j = torch.arange(width)
-        pos = starts[:, None] + torch.minimum(j[None, :], counts[:, None] - 1)  # a pad repeats its row's last position
-        b, q = (j[None, :] < counts[:, None]).nonzero(as_tuple=True)  # the real tokens
-        slots = torch.tensor([s.slot for s, _, _ in parts], dtype=torch.long)
-        length = int((starts + counts).max())
-        read: slice | torch.Tensor = slice(parts[0][0].slot, parts[0][0].slot + 1) if k == 1 else slots.to(device)
-        self.cache.plan = _Plan((b.to(device), q.to(device)), (slots[b].to(device), (starts[b] + q).to(device)),
-                                read, length)
-        allowed = torch.arange(length)[None, None, :] <= pos[:, :, None]  # causal within the row, its past before
-        mask = _additive(allowed[:, None], self.model.dtype).to(device)
-        ends = [i for i, (s, start, n) in enumerate(parts) if start + n == len(s.request.input_ids)]
-        keep = sorted({int(counts[i]) - 1 for i in ends})
-        logits = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+        return parts
+
+    def _packed(self, chunk: list[tuple[Stream, int, int]], decoding: list[Stream]) -> None:
+        """One forward pass over a prefill ``chunk`` and the ``decoding`` rows' next tokens, packed into
+        one sequence (no padding: a join costs its prompt's tokens, not a second pass, nor a pass over
+        every row padded to the prompt's length, which at 8 rows and 16-token prompts cost as much as
+        two passes). Each token attends to its own row's columns up to its position, gathered from
+        the cache (:class:`_Plan`); a decoding stream gets its next token, a stream whose prompt the
+        chunk completes its first."""
+        parts = ([(s, s.filled + s.tokens - 1, [s.last]) for s in decoding]
+                 + [(s, start, s.request.input_ids[start:start + n]) for s, start, n in chunk])
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []  # each token's slot
+        key_rows: list[int] = []  # the columns attention reads: (slot, column) of each
+        key_cols: list[int] = []
+        ends: list[int] = []  # the packed index of each emitting part's last token
+        done: list[Stream] = []
+        for s, start, toks in parts:
+            ids += toks
+            pos += range(start, start + len(toks))
+            rows += [s.slot] * len(toks)
+            key_rows += [s.slot] * (start + len(toks))
+            key_cols += range(start + len(toks))
+            if start + len(toks) >= len(s.request.input_ids):
+                ends.append(len(ids) - 1)
+                done.append(s)
+        device = self.device
+        q = torch.tensor([ids, pos, rows], dtype=torch.long, device=device)
+        k = torch.tensor([key_rows, key_cols], dtype=torch.long, device=device)
+        dst = (q[2], q[1])
+        self.cache.plan = _Plan(torch.arange(len(ids), device=device), dst, (k[0], k[1]), len(key_cols))
+        allowed = (k[0][None, :] == q[2][:, None]) & (k[1][None, :] <= q[1][:, None])  # its row, up to itself
+        mask = _additive(allowed[None, None], self.model.dtype)
+        logits = self.model(input_ids=q[0][None], attention_mask=mask, position_ids=q[1][None],
                             past_key_values=self.cache, use_cache=True,
-                            logits_to_keep=torch.tensor(keep or [width - 1], device=device)).logits
+                            logits_to_keep=torch.tensor(ends or [len(ids) - 1], device=device)).logits[0]
         self.passes += 1
-        for s, start, n in parts:
-            s.filled += n
-            self.mask[s.slot, :, :, start:start + n] = 0.0  # its decode steps see these columns
-        if not ends:
+        self.mask.view(self.max_rows, -1).index_put_(dst, torch.zeros((), dtype=self.mask.dtype, device=device))
+        for s, _, n in chunk:
+            s.filled += n  # the columns just written: its decode steps see them (opened above)
+        if not done:
             return
-        done = [parts[i][0] for i in ends]
         self.prefilling = [s for s in self.prefilling if s.filled < len(s.request.input_ids)]
-        rows = logits[torch.tensor(ends, device=device), torch.tensor([keep.index(int(counts[i]) - 1) for i in ends],
-                                                                        device=device)]
-        self._emit(done, pick_tokens(rows, [s.request for s in done], [s.generator for s in done]).tolist())
+        self._emit(done, pick_tokens(logits[:len(done)], [s.request for s in done],
+                                     [s.generator for s in done]).tolist())
 
     def _decode(self, rows: list[Stream]) -> None:
         """One decode step: the forward pass runs over rows ``0..last used`` and writes one column of
