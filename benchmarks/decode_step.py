@@ -1,22 +1,25 @@
 """The streaming engine's decode step, in one process: CPU time per step of ``RunningBatch`` (the
 preallocated row-slot KV cache, chunked prefill) against the plain decode loop of the same model.
 
-At the tiny model's size a decode step is a few milliseconds, and what the engine does around the
-forward pass (positions, the attention mask, where the new keys and values go, what attention reads)
-weighs as much as a layer: ``serve_vs_vllm.py`` fell by a quarter when the slot cache came in. Through
-a server that cost hides in the noise of a shared box; here it is measured alone:
+At the tiny model's size a decode step is under 2 ms of CPU, and what the engine does around the
+forward pass (positions, the attention mask, where the new keys and values go, what attention reads,
+a join's prefill) costs tenths of a millisecond: a server-level figure cannot separate that from a
+shared box's noise (``serve_vs_vllm.py`` read 0.861 on a quiet box after the slot cache came in,
+1.142 before; under load the same code spread 0.88-1.19). Here it is measured alone:
 
 * ours: a ``RunningBatch`` of ``--rows`` (8) rows serving ``--streams`` (48) streams of the load
   test's prompts, budgets of 40-63 tokens (so rows leave at different steps and a waiting stream
-  joins the freed row, prefilled between decode steps, as under the server's scheduler); CPU time
+  joins the freed row, prefilled with the decode steps, as under the server's scheduler); CPU time
   (``time.process_time``, one torch thread) of each step, the median of the steps that only decode
   (leaves included), and for context the mean over all steps (a join's prefill chunk included);
 * plain: ``decode_batch`` (the batch model's loop: transformers' ``DynamicCache``, one 4-D mask
   built once, no joins) over ``--rows`` of the same prompts for 63 tokens: a decode step with no
   in-flight bookkeeping at all (its CPU time ÷ its steps).
 
-Rounds alternate them (``--rounds``, after a warm-up); each figure is its median round. The last
-line: ours ÷ plain per decode step (1.0: the in-flight engine's bookkeeping costs nothing).
+Also printed: the median step with a join (a prompt going in) and the CPU per token over every step
+(the figure a server's tokens/s follows). Rounds alternate them (``--rounds``, after a warm-up); each
+figure is its median round. The last line: ours ÷ plain per decode step (1.0: the in-flight engine's
+bookkeeping costs nothing).
 ``--against FILE`` adds a third path: the ``RunningBatch`` of another copy of ``triton_model.py`` (e.g.
 ``git show HEAD~3:llmpipe/serving/triton_model.py > /tmp/old.py``), measured in the same rounds.
 ``--profile`` prints cProfile's top functions of one round of ours.

@@ -24,10 +24,10 @@ look the way they do:
   returns, and a stream joins the running batch at its next step and leaves it at its last token
   (:class:`RunningBatch`), so a stream that arrives while others run waits for its own prefill, not
   for their whole answers. Their KV cache is preallocated, a row per stream (a join or a leave moves
-  no other row), and a prompt is prefilled in chunks between the running streams' decode steps. At
-  most ``max_waiting`` streams wait for a row (more are refused at once, ``overloaded``: a queue out
-  of Triton's sight must not grow without bound), and a waiting stream whose client cancelled is
-  dropped before its prefill. The gauge ``llmpipe_streams{state="running"|"waiting"}`` shows both
+  no other row), and a prompt is prefilled in chunks, each in the running streams' next decode
+  step's forward pass. At most ``max_waiting`` streams wait for a row (more are refused at once,
+  ``overloaded``: a queue out of Triton's sight must not grow without bound), and a waiting stream
+  whose client cancelled is dropped before its prefill. The gauge ``llmpipe_streams{state="running"|"waiting"}`` shows both
   counts (Triton's queue metrics cannot).
 * Triton counts a request the Python backend answers with an error response as a success
   (``nv_inference_request_success``); the requests this model refuses are counted in a metric of
@@ -68,7 +68,7 @@ STREAMS_METRIC = "llmpipe_streams"  # the streaming model's open streams now, by
 STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (see initialize)
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # the outbox asks whether a stream's client cancelled every this many of its tokens
-PREFILL_CHUNK_TOKENS = 128  # prompt tokens per prefill pass of the streaming model (see RunningBatch)
+PREFILL_CHUNK_TOKENS = 128  # prompt tokens per forward pass of the streaming model (see RunningBatch)
 STREAM_LINGER_MS = 8.0  # the Outbox's send rounds for running streams start at most this often (see Outbox)
 
 class BadRequest(ValueError):
@@ -100,7 +100,7 @@ class Limits:
     max_waiting: int = 64  # streams waiting for a row of the running batch; more are refused (overloaded)
     seeded_sampling: bool = False  # a sampled request must carry a seed (the batch model with Triton's cache)
     stream_linger_ms: float = STREAM_LINGER_MS  # a running stream's tokens leave at most this often (Outbox)
-    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # prompt tokens per prefill pass (RunningBatch)
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # prompt tokens per forward pass (RunningBatch)
 
     @classmethod
     def load(cls, path: str) -> Limits:

@@ -2,7 +2,7 @@
 different decode steps get the tokens they get alone, leave at their budget, their end-of-sequence
 token or a stop, and a generation thread (StreamScheduler) serves streams submitted from other
 threads, failing only the streams of a step that raised. The KV cache is preallocated row slots (a
-join or leave moves no other row) and prompts are prefilled in chunks between decode steps."""
+join or leave moves no other row) and prompts are prefilled in chunks, each in a decode step's pass."""
 
 from __future__ import annotations
 
