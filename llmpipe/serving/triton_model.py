@@ -517,9 +517,9 @@ class RunningBatch:
 
     def _decode(self, rows: list[Stream]) -> None:
         """One decode step: the forward pass runs over rows ``0..last used`` and writes one column of
-        each (a plain per-row index, no gather of the rows that decode). A row without a decoding
-        stream in that range is a hole: fed a pad at a column nobody reads yet (a free row's column 0,
-        a prefilling row's next prompt column, which its next chunk overwrites), its token ignored.
+        each (a plain per-row index, no gather of the rows that decode). A free row in that range is a
+        hole: fed a pad written at its column 0 (a joining stream's prompt overwrites it), its token
+        ignored. (No row is prefilling here: while one is, :meth:`step` runs a packed pass instead.)
 
         What a step builds is small on purpose (at the tiny model's size a step is under 2 ms and each
         tensor op costs µs): one tensor of ids and positions from plain lists, one ``scatter_`` opening
@@ -529,9 +529,6 @@ class RunningBatch:
         ids, pos = [self.pad_id] * width, [0] * width  # plain lists: cheaper than index writes per step
         reqs: list[GenRequest] = [_HOLE] * width
         gens: list[torch.Generator | None] = [None] * width
-        for s in self.prefilling:
-            if s.slot < width:
-                pos[s.slot] = s.filled
         for s in rows:
             ids[s.slot], pos[s.slot] = s.last, s.filled + s.tokens - 1  # its cached positions: the next column
             reqs[s.slot], gens[s.slot] = s.request, s.generator

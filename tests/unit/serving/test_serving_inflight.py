@@ -288,8 +288,8 @@ def test_a_long_prompt_joining_delays_a_running_stream_by_one_chunk_at_most(gen:
 def test_a_prompt_prefilled_in_chunks_into_a_freed_lower_row_gets_its_solo_tokens(gen: Generator,
                                                                                  requests: list[GenRequest]) -> None:
     """A stream joins a row below a decoding one (a row freed by a stream that left) and its prompt
-    takes several chunks: the decode steps between its chunks run over it as a hole (fed a pad, its
-    token ignored) and must leave its prompt's cached columns as its chunks wrote them."""
+    takes several chunks, each packed with the decoding row's next token: both get their solo tokens
+    (a free row below decoding ones is a hole of the decode steps after: fed a pad, never read)."""
     batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=2)
     got: dict[int, list[tuple[int, bool]]] = {}
     short, running = GenRequest(requests[3].input_ids, 1, 0.0), GenRequest(requests[5].input_ids, 24, 0.0)
@@ -297,10 +297,10 @@ def test_a_prompt_prefilled_in_chunks_into_a_freed_lower_row_gets_its_solo_token
     while any(s.request is short for s in batch.streams) or 1 not in got:  # it left; the other decodes
         batch.step()
     joining = GenRequest(requests[7].input_ids, 10, 0.0)
-    assert len(joining.input_ids) >= 6  # three chunks or more: two decode steps or more see it as a hole
+    assert len(joining.input_ids) >= 6  # three chunks or more
     batch.add([Stream(joining, _collector(got, 2))])
     new, old = (next(s for s in batch.streams if s.request is r) for r in (joining, running))
-    assert new.slot < old.slot and old.tokens > 0  # below a decoding row: a hole until its prompt is in
+    assert new.slot < old.slot and old.tokens > 0  # below a decoding row
     while len(batch):
         batch.step()
     assert [t for t, _ in got[2]] == gen.generate([joining])[0]
