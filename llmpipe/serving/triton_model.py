@@ -69,6 +69,10 @@ STREAM_SWITCH_INTERVAL_S = 0.0005  # the streaming model's GIL switch interval (
 PASSES_REPORT_EVERY = 64  # passes between two increments of it while streams run (and whenever it idles)
 CANCEL_CHECK_EVERY = 4  # the outbox asks whether a stream's client cancelled every this many of its tokens
 PREFILL_CHUNK_TOKENS = 128  # prompt tokens per forward pass of the streaming model (see RunningBatch)
+# a packed pass's attention scores (its tokens x the cached columns it reads) at most this many, else a
+# join's chunk gets a pass of its own: the dense mask and the scores grow as rows x positions x tokens
+# (31 rows of 200 positions and a 128-token chunk: 76 ms packed, 13 ms in two passes)
+PACK_LIMIT = 1 << 16
 STREAM_LINGER_MS = 8.0  # the Outbox's send rounds for running streams start at most this often (see Outbox)
 
 class BadRequest(ValueError):
@@ -394,17 +398,18 @@ class RunningBatch:
     Chunked prefill: while streams join, :meth:`step` runs one forward pass over at most
     ``chunk_tokens`` prompt tokens (of the joining streams, in arrival order) and the decoding rows'
     next tokens, packed into one sequence, so a running stream waits for one chunk between two
-    tokens, never for a whole long prompt, and a join costs no pass of its own. A stream gets its
-    first token from the pass that holds its prompt's last chunk. Otherwise a step is a plain decode
-    pass over the rows (:meth:`_decode`).
+    tokens, never for a whole long prompt, and a short join costs no pass of its own (a large one,
+    past ``pack_limit``, gets a pass of its own before the decode step). A stream gets its first
+    token from the pass that holds its prompt's last chunk. Otherwise a step is a plain decode pass
+    over the rows (:meth:`_decode`).
     """
 
     def __init__(self, model: Any, eos_ids: set[int], pad_id: int, rng: torch.Generator | None = None,
-                 max_rows: int = 8, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> None:
+                 max_rows: int = 8, chunk_tokens: int = PREFILL_CHUNK_TOKENS, pack_limit: int = PACK_LIMIT) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.model, self.eos_ids, self.pad_id, self.rng = model, eos_ids, pad_id, rng
-        self.max_rows, self.chunk_tokens = max_rows, chunk_tokens
+        self.max_rows, self.chunk_tokens, self.pack_limit = max_rows, chunk_tokens, pack_limit
         self.cache = slot_cache(model, max_rows)  # allocated once, for the model's life
         self.device = model.device  # read once: the property walks the model's parameters (40 µs a call)
         # each row's decode mask, kept across steps: a row's columns 0..its length are open (0), the
@@ -450,11 +455,19 @@ class RunningBatch:
     @torch.inference_mode()
     def step(self) -> None:
         """One prefill chunk (when streams are joining) and one decode step for every row that has its
-        first token, in one forward pass: each gets its next token."""
+        first token: each gets its next token. Both go in one packed pass while it stays small
+        (``pack_limit``), else the chunk gets a pass of its own and the decode step follows."""
         decoding = [s for s in self.slots if s is not None and s.filled == len(s.request.input_ids)]
         if self.prefilling:
-            self._packed(self._chunk(), decoding)
-        elif decoding:
+            chunk = self._chunk()
+            tokens = len(decoding) + sum(n for _, _, n in chunk)
+            keys = sum(s.filled + s.tokens for s in decoding) + sum(start + n for _, start, n in chunk)
+            if not decoding or tokens * keys <= self.pack_limit:
+                self._packed(chunk, decoding)
+                return
+            self._packed(chunk, [])
+            decoding = [s for s in self.slots if s is not None and s.filled == len(s.request.input_ids)]
+        if decoding:
             self._decode(decoding)
 
     def _chunk(self) -> list[tuple[Stream, int, int]]:
@@ -517,9 +530,9 @@ class RunningBatch:
 
     def _decode(self, rows: list[Stream]) -> None:
         """One decode step: the forward pass runs over rows ``0..last used`` and writes one column of
-        each (a plain per-row index, no gather of the rows that decode). A free row in that range is a
-        hole: fed a pad written at its column 0 (a joining stream's prompt overwrites it), its token
-        ignored. (No row is prefilling here: while one is, :meth:`step` runs a packed pass instead.)
+        each (a plain per-row index, no gather of the rows that decode). A row without a decoding
+        stream in that range is a hole: fed a pad at a column nobody reads yet (a free row's column 0,
+        a prefilling row's next prompt column, which its next chunk overwrites), its token ignored.
 
         What a step builds is small on purpose (at the tiny model's size a step is under 2 ms and each
         tensor op costs µs): one tensor of ids and positions from plain lists, one ``scatter_`` opening
@@ -529,6 +542,9 @@ class RunningBatch:
         ids, pos = [self.pad_id] * width, [0] * width  # plain lists: cheaper than index writes per step
         reqs: list[GenRequest] = [_HOLE] * width
         gens: list[torch.Generator | None] = [None] * width
+        for s in self.prefilling:
+            if s.slot < width:
+                pos[s.slot] = s.filled
         for s in rows:
             ids[s.slot], pos[s.slot] = s.last, s.filled + s.tokens - 1  # its cached positions: the next column
             reqs[s.slot], gens[s.slot] = s.request, s.generator

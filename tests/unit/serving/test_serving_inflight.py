@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmpipe.serving.triton_model import Generator, GenRequest, Limits, RunningBatch, Stream, StreamScheduler
+from llmpipe.serving.triton_model import (
+    PACK_LIMIT,
+    Generator,
+    GenRequest,
+    Limits,
+    RunningBatch,
+    Stream,
+    StreamScheduler,
+)
 from tests.fixtures.tiny_checkpoint import greedy_reference
 
 PROMPTS = ["the quick brown fox", "once upon a time there", "héllo wörld", "numbers 12345", "a b c d e f g h",
@@ -285,12 +293,15 @@ def test_a_long_prompt_joining_delays_a_running_stream_by_one_chunk_at_most(gen:
     assert max(whole) == 200 and one == 1
 
 
+@pytest.mark.parametrize("pack_limit", [0, PACK_LIMIT])
 def test_a_prompt_prefilled_in_chunks_into_a_freed_lower_row_gets_its_solo_tokens(gen: Generator,
-                                                                                 requests: list[GenRequest]) -> None:
+                                                                                 requests: list[GenRequest],
+                                                                                 pack_limit: int) -> None:
     """A stream joins a row below a decoding one (a row freed by a stream that left) and its prompt
-    takes several chunks, each packed with the decoding row's next token: both get their solo tokens
-    (a free row below decoding ones is a hole of the decode steps after: fed a pad, never read)."""
-    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=2)
+    takes several chunks, each packed with the decoding row's next token, or (``pack_limit`` 0) in
+    passes of their own: then the decode steps between its chunks run over it as a hole (fed a pad,
+    its token ignored) and must leave its prompt's cached columns as its chunks wrote them."""
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=2, pack_limit=pack_limit)
     got: dict[int, list[tuple[int, bool]]] = {}
     short, running = GenRequest(requests[3].input_ids, 1, 0.0), GenRequest(requests[5].input_ids, 24, 0.0)
     batch.add([Stream(short, _collector(got, 0)), Stream(running, _collector(got, 1))])
@@ -307,12 +318,13 @@ def test_a_prompt_prefilled_in_chunks_into_a_freed_lower_row_gets_its_solo_token
     assert [t for t, _ in got[1]] == gen.generate([running])[0]
 
 
-@pytest.mark.parametrize("chunk", [2, 64])
+@pytest.mark.parametrize(("chunk", "pack_limit"), [(2, PACK_LIMIT), (64, PACK_LIMIT), (64, 0)])
 def test_a_join_between_running_rows_and_a_free_row_gets_its_solo_tokens(gen: Generator, requests: list[GenRequest],
-                                                                        chunk: int) -> None:
+                                                                        chunk: int, pack_limit: int) -> None:
     """Rows 0 and 3 decode, row 2 is free, a stream joins row 1: its prompt goes in with their decode
-    steps, in chunks of 2 (several passes) or at once; everyone gets their solo tokens."""
-    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=chunk)
+    steps, in chunks of 2 (several passes) or at once, or (``pack_limit`` 0) in a pass of its own
+    before the step; everyone gets their solo tokens."""
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=chunk, pack_limit=pack_limit)
     got: dict[int, list[tuple[int, bool]]] = {}
     reqs = [GenRequest(requests[0].input_ids, 20, 0.0), GenRequest(requests[6].input_ids, 1, 0.0),
             GenRequest(requests[3].input_ids, 1, 0.0), GenRequest(requests[2].input_ids, 20, 0.0)]
@@ -324,7 +336,7 @@ def test_a_join_between_running_rows_and_a_free_row_gets_its_solo_tokens(gen: Ge
     assert sorted(s.slot for s in batch.streams) == [0, 1, 3]
     passes = batch.passes
     batch.step()
-    assert batch.passes - passes == 1  # the chunk and the decode step: one pass
+    assert batch.passes - passes == (2 if pack_limit == 0 else 1)  # the chunk and the decode step: one pass
     while len(batch):
         batch.step()
     for i, r in enumerate([*reqs, joining]):
