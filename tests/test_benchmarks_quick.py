@@ -37,6 +37,7 @@ QUICK: dict[str, tuple[int, tuple[pytest.MarkDecorator, ...]]] = {
     "coherence.py": (300, (SLOW,)),
     "curation_vs_datatrove.py": (900, (SLOW,)),  # builds datatrove's own venv on first use
     "dask_scaling.py": (600, (SLOW,)),
+    "decode_step.py": (300, ()),  # the streaming engine's decode step vs the plain loop, in process
     "dedup_memory.py": (300, (SLOW,)),
     "dedup_quality.py": (300, ()),  # the must-show precision / recall and cluster cost, small
     "dedup_refresh.py": (300, (SLOW,)),

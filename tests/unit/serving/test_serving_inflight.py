@@ -2,7 +2,7 @@
 different decode steps get the tokens they get alone, leave at their budget, their end-of-sequence
 token or a stop, and a generation thread (StreamScheduler) serves streams submitted from other
 threads, failing only the streams of a step that raised. The KV cache is preallocated row slots (a
-join or leave moves no other row) and prompts are prefilled in chunks between decode steps."""
+join or leave moves no other row) and prompts are prefilled in chunks, each in a decode step's pass."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmpipe.serving.triton_model import Generator, GenRequest, Limits, RunningBatch, Stream, StreamScheduler
+from llmpipe.serving.triton_model import (
+    PACK_LIMIT,
+    Generator,
+    GenRequest,
+    Limits,
+    RunningBatch,
+    Stream,
+    StreamScheduler,
+)
 from tests.fixtures.tiny_checkpoint import greedy_reference
 
 PROMPTS = ["the quick brown fox", "once upon a time there", "héllo wörld", "numbers 12345", "a b c d e f g h",
@@ -57,7 +65,7 @@ def test_streams_joining_at_different_steps_get_their_solo_tokens(gen: Generator
         assert [tok for tok, _ in got[i]] == want, f"stream {i}"
         assert [last for _, last in got[i]] == [k == len(want) - 1 for k in range(len(want))]  # one final, at the end
     assert max(sizes) >= 5 and sizes[-1] == 0  # several rows ran together; every stream left at its end
-    assert batch.passes == 5 + steps  # five prefills (one per joining group), a step per loop while rows ran
+    assert batch.passes == steps  # one pass per step: a joining group's prompts go in with the decode step
 
 
 def test_a_stopped_stream_leaves_and_an_eos_ends_a_stream(gen: Generator, requests: list[GenRequest]) -> None:
@@ -191,15 +199,29 @@ def test_prompts_prefilled_in_small_chunks_give_transformers_greedy_tokens(gen: 
     got: dict[int, list[tuple[int, bool]]] = {}
     batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, chunk_tokens=3)
     joins = {0: [0, 1], 2: [2], 3: [3, 4], 7: [5], 8: [6, 7]}
-    for t in range(60):
-        batch.add([Stream(requests[i], _collector(got, i)) for i in joins.get(t, [])])
-        batch.step()
+    prefilled: list[int] = []
+    handle = gen.model.register_forward_pre_hook(lambda m, a, kw: prefilled.append(_prompt_tokens(batch, kw)),
+                                                 with_kwargs=True)
+    try:
+        for t in range(60):
+            batch.add([Stream(requests[i], _collector(got, i)) for i in joins.get(t, [])])
+            batch.step()
+    finally:
+        handle.remove()
     assert len(batch) == 0
     for i, r in enumerate(requests):
         want = greedy_reference(tiny_checkpoint, r.input_ids, r.max_tokens)  # up to its end-of-text, if any
         assert [tok for tok, _ in got[i]][: len(want)] == want, f"stream {i}"
-    prompt_tokens = sum(len(r.input_ids) for r in requests)
-    assert batch.passes > max(BUDGETS) + prompt_tokens // 3  # chunks of 3 (the default takes each group in one)
+    assert max(prefilled) == 3 and sum(prefilled) == sum(len(r.input_ids) for r in requests)  # in chunks of 3
+
+
+def _prompt_tokens(batch: RunningBatch, kwargs: dict) -> int:
+    """The prompt tokens of a forward pass of ``batch`` about to run: its tokens but the decoding rows'
+    one each (a decode step: none; a packed pass: the chunk)."""
+    ids = kwargs["input_ids"]
+    if ids.shape[0] > 1:  # a decode step's rows
+        return 0
+    return int(ids.shape[1]) - sum(s.filled == len(s.request.input_ids) for s in batch.streams)
 
 
 def _cache_tensors(batch: RunningBatch) -> list[torch.Tensor]:
@@ -235,44 +257,30 @@ def test_joins_and_leaves_write_rows_in_place_and_move_no_other_row(gen: Generat
 
 def _gaps(gen: Generator, chunk: int) -> tuple[list[int], int]:
     """A running stream's gaps between tokens, in prompt tokens prefilled between them, while a
-    200-token prompt joins; and the prefill passes the joining prompt took up to its first token."""
-    events: list[tuple[str, int]] = []
+    200-token prompt joins; and the forward passes the joining prompt took up to its first token."""
     long_prompt = GenRequest([(7 * i) % gen.vocab_size for i in range(200)], 4, 0.0)
     running = GenRequest([5, 6, 7], 30, 0.0)
-
-    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        ids = kwargs["input_ids"]
-        events.append(("prefill" if ids.shape[1] > 1 else "decode", int(ids.shape[1])))  # a decode: 1 per row
+    filled: list[int] = []  # the joining prompt's tokens in the cache at each token of the running stream
+    first: list[int] = []  # the passes run when the joining stream got its first token
+    batch = RunningBatch(gen.model, set(), gen.pad_id, chunk_tokens=chunk)
 
     def watch(tok: int, last: bool) -> bool:
-        events.append(("token", 0))
+        filled.append(joining.filled)
         return False
-
-    first: list[int] = []
 
     def newcomer(tok: int, last: bool) -> bool:
-        first.append(len([e for e in events if e[0] == "prefill"]))
+        first.append(batch.passes)
         return False
 
-    batch = RunningBatch(gen.model, set(), gen.pad_id, chunk_tokens=chunk)
-    handle = gen.model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        batch.add([Stream(running, watch)])
+    joining = Stream(long_prompt, newcomer)
+    batch.add([Stream(running, watch)])
+    batch.step()
+    batch.step()
+    joined_at = batch.passes
+    batch.add([joining])
+    while len(batch):
         batch.step()
-        batch.step()
-        batch.add([Stream(long_prompt, newcomer)])
-        while len(batch):
-            batch.step()
-    finally:
-        handle.remove()
-    gaps, since = [], 0
-    for kind, width in events[events.index(("token", 0)):]:
-        if kind == "token":
-            gaps.append(since)
-            since = 0
-        elif kind == "prefill":
-            since += width
-    return gaps, first[0] - 1
+    return [b - a for a, b in zip(filled, filled[1:], strict=False)], first[0] - joined_at
 
 
 def test_a_long_prompt_joining_delays_a_running_stream_by_one_chunk_at_most(gen: Generator) -> None:
@@ -280,6 +288,56 @@ def test_a_long_prompt_joining_delays_a_running_stream_by_one_chunk_at_most(gen:
     (forward passes counted, not time); in one pass (a chunk as long as the prompt) the whole
     200-token prompt sits between two of its tokens."""
     gaps, chunks = _gaps(gen, 32)
-    assert max(gaps) == 32 and chunks == 7  # 200 tokens: 6 chunks of 32, then the last 8
+    assert max(gaps) == 32 and chunks == 7  # 200 tokens: 6 chunks of 32, then the last 8, one pass each
     whole, one = _gaps(gen, 256)
     assert max(whole) == 200 and one == 1
+
+
+@pytest.mark.parametrize("pack_limit", [0, PACK_LIMIT])
+def test_a_prompt_prefilled_in_chunks_into_a_freed_lower_row_gets_its_solo_tokens(gen: Generator,
+                                                                                 requests: list[GenRequest],
+                                                                                 pack_limit: int) -> None:
+    """A stream joins a row below a decoding one (a row freed by a stream that left) and its prompt
+    takes several chunks, each packed with the decoding row's next token, or (``pack_limit`` 0) in
+    passes of their own: then the decode steps between its chunks run over it as a hole (fed a pad,
+    its token ignored) and must leave its prompt's cached columns as its chunks wrote them."""
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=2, pack_limit=pack_limit)
+    got: dict[int, list[tuple[int, bool]]] = {}
+    short, running = GenRequest(requests[3].input_ids, 1, 0.0), GenRequest(requests[5].input_ids, 24, 0.0)
+    batch.add([Stream(short, _collector(got, 0)), Stream(running, _collector(got, 1))])
+    while any(s.request is short for s in batch.streams) or 1 not in got:  # it left; the other decodes
+        batch.step()
+    joining = GenRequest(requests[7].input_ids, 10, 0.0)
+    assert len(joining.input_ids) >= 6  # three chunks or more
+    batch.add([Stream(joining, _collector(got, 2))])
+    new, old = (next(s for s in batch.streams if s.request is r) for r in (joining, running))
+    assert new.slot < old.slot and old.tokens > 0  # below a decoding row
+    while len(batch):
+        batch.step()
+    assert [t for t, _ in got[2]] == gen.generate([joining])[0]
+    assert [t for t, _ in got[1]] == gen.generate([running])[0]
+
+
+@pytest.mark.parametrize(("chunk", "pack_limit"), [(2, PACK_LIMIT), (64, PACK_LIMIT), (64, 0)])
+def test_a_join_between_running_rows_and_a_free_row_gets_its_solo_tokens(gen: Generator, requests: list[GenRequest],
+                                                                        chunk: int, pack_limit: int) -> None:
+    """Rows 0 and 3 decode, row 2 is free, a stream joins row 1: its prompt goes in with their decode
+    steps, in chunks of 2 (several passes) or at once, or (``pack_limit`` 0) in a pass of its own
+    before the step; everyone gets their solo tokens."""
+    batch = RunningBatch(gen.model, gen.eos_ids, gen.pad_id, max_rows=4, chunk_tokens=chunk, pack_limit=pack_limit)
+    got: dict[int, list[tuple[int, bool]]] = {}
+    reqs = [GenRequest(requests[0].input_ids, 20, 0.0), GenRequest(requests[6].input_ids, 1, 0.0),
+            GenRequest(requests[3].input_ids, 1, 0.0), GenRequest(requests[2].input_ids, 20, 0.0)]
+    batch.add([Stream(r, _collector(got, i)) for i, r in enumerate(reqs)])
+    while len(batch) > 2:  # rows 1 and 2 leave after their one token
+        batch.step()
+    joining = GenRequest(requests[1].input_ids, 8, 0.0)
+    batch.add([Stream(joining, _collector(got, 4))])
+    assert sorted(s.slot for s in batch.streams) == [0, 1, 3]
+    passes = batch.passes
+    batch.step()
+    assert batch.passes - passes == (2 if pack_limit == 0 else 1)  # the chunk and the decode step: one pass
+    while len(batch):
+        batch.step()
+    for i, r in enumerate([*reqs, joining]):
+        assert [t for t, _ in got[i]] == gen.generate([r])[0], f"stream {i}"
