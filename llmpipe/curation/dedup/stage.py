@@ -228,7 +228,7 @@ class _Ids:
         out: list[str] = [""] * len(idx)
         for sel in np.split(order, cuts) if len(idx) else []:
             k = int(which[sel[0]])
-            got = self._column(k).take(pa.array(idx[sel] - self.firsts[k])).to_pylist()
+            got = self._column(k).take(numpy_array(idx[sel] - self.firsts[k], "int64")).to_pylist()  # no pandas import
             for i, v in zip(sel.tolist(), got, strict=True):
                 out[i] = v
         return out
