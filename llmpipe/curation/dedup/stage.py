@@ -62,6 +62,10 @@ core = lazy_import("llmpipe.curation.dedup.core")
 VERSION = "5"
 WRITE_WINDOW = 16  # input shards whose decisions the driver holds at once while writing the outputs
 INDEX_FORMAT = 3  # 2: memory index as base + deltas; 3: memory index rebuilt from the shards' signatures
+# A signature batch: up to this many documents or characters (whichever comes first). By characters, so
+# that a large shard's batches are large enough for ``minhash``'s ``auto`` to pick the numba kernel
+# (``NUMBA_MIN_BYTES``); 8,192 signatures of 256 permutations are 8 MiB.
+SIG_BATCH_DOCS, SIG_BATCH_CHARS = 8192, 4 << 20
 
 
 # -- per-shard work (runs in worker processes) --------------------------------------------------------
@@ -115,6 +119,7 @@ def shard_signatures(job: SignatureJob, out_dir: Path) -> dict[str, Any]:
             batch_texts.clear()
             batch_langs.clear()
 
+    chars = 0
     for doc in iter_documents(job.path):
         norm = normalize(doc.text)
         ids.append(doc.id)
@@ -122,8 +127,10 @@ def shard_signatures(job: SignatureJob, out_dir: Path) -> dict[str, Any]:
         batch_texts.append(norm)
         lang = doc.metadata.get("lang")
         batch_langs.append(lang if isinstance(lang, str) else None)
-        if len(batch_texts) >= 2048:
+        chars += len(norm)
+        if len(batch_texts) >= SIG_BATCH_DOCS or chars >= SIG_BATCH_CHARS:
             flush()
+            chars = 0
     flush()
     sig = np.concatenate(sigs) if sigs else np.zeros((0, job.num_perm), np.uint32)
     np.save(out_dir / "sig.npy", sig)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup.lsh import band_keys, lsh_params
-from llmpipe.curation.dedup.minhash import HAVE_NUMBA, signatures
+from llmpipe.curation.dedup.minhash import HAVE_NUMBA, _signatures_numpy, encode, permutations, signatures
 from llmpipe.curation.dedup.text import normalize, shingles
 
 BACKENDS = ["numpy"] + (["numba"] if HAVE_NUMBA else [])
@@ -48,6 +48,16 @@ def test_signatures_bit_identical_to_datasketch(backend: str, num_perm: int, see
     assert ours.dtype == np.uint32 and ref.dtype == np.uint32
     bad = np.flatnonzero((ours != ref).any(axis=1))
     assert not len(bad), f"rows differ from datasketch: {[texts[i][:30] for i in bad[:5]]}"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 15])
+def test_numpy_chunks_split_documents_without_changing_a_bit(chunk: int) -> None:
+    """The numpy path reduces a fixed number of shingles at a time: documents that span chunks (or
+    several chunks), empty ones between them, and chunks holding many documents give datasketch's rows."""
+    texts = _corpus()
+    a, b = permutations(64, 3)
+    ours = _signatures_numpy(encode(texts), a, b, 5, 5, chunk_shingles=chunk)
+    assert np.array_equal(ours, _reference(texts, 64, 3))
 
 
 def test_cjk_uses_character_shingles_and_lang_overrides() -> None:
