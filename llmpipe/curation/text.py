@@ -82,13 +82,22 @@ def _word_re(unspaced: str, links: bool = True) -> regex.Pattern[str]:
     "!!"); ``unspaced`` is the class of the characters that never join a spaced word. Without
     ``links``, the URL and e-mail alternatives are left out: the pattern for a text with no ``://``
     and no ``@``, where they cannot match, so it finds the same words without trying them at every
-    word (the e-mail one scans each word to its end looking for an ``@``)."""
+    word (the e-mail one scans each word to its end looking for an ``@``).
+
+    The run of word characters, ``(?:char|dot)+`` (``dot``: a ``.`` or ``,`` between two letters or
+    digits), is written ``char+(?:dot char*)*``, with ``dot(?:char|dot)*`` for the rare run that starts
+    at a dot: the same runs, but the engine loops over a plain character class instead of trying two
+    alternatives and a lookbehind at every character (~1.7x faster). It comes first after the links:
+    none of the alternatives it now precedes can match where it can (they start at an unspaced
+    character, an apostrophe, two dots, or a character no other alternative takes), so the same
+    alternative matches at every position."""
     head = r"https?://\S+?(?=[.,;:!?)\]\"']*(?:\s|$))|[\w.+-]+@[\w-]+(?:\.[\w-]+)+|" if links else ""
+    char, dot = rf"[^\s{unspaced}\p{{P}}\p{{S}}]", r"(?<=[\p{L}\p{N}])[.,](?=[\p{L}\p{N}])"
     return regex.compile(
         head  # URLs, emails: one token
-        + rf"[{_CJK_CLASS}]+|[{_SEA_CLASS}]+"
+        + rf"{char}+(?:{dot}{char}*)*|{dot}(?:{char}|{dot})*"
+        rf"|[{_CJK_CLASS}]+|[{_SEA_CLASS}]+"
         rf"|(?<=\p{{L}})['’]\p{{L}}+"  # clitics: "it's" -> "it" "'s" (as spaCy splits them)
-        rf"|(?:[^\s{unspaced}\p{{P}}\p{{S}}]|(?<=[\p{{L}}\p{{N}}])[.,](?=[\p{{L}}\p{{N}}]))+"
         rf"|\.\.+|[^\s{unspaced}]",
     )
 
@@ -118,12 +127,12 @@ def _ascii_word_re(links: bool = True) -> re.Pattern[str]:
     ``links``: as in :func:`_word_re`."""
     s, ns, ln = _ascii_class(r"\s"), _ascii_class(r"\S"), _ascii_class(r"[\p{L}\p{N}]")
     word, dom, letter = _ascii_class(r"[\w.+-]"), _ascii_class(r"[\w-]"), _ascii_class(r"\p{L}")
-    body = _ascii_class(r"[^\s\p{P}\p{S}]")
+    char, dot = "[" + _ascii_class(r"[^\s\p{P}\p{S}]") + "]", rf"(?<=[{ln}])[.,](?=[{ln}])"
     head = rf"https?://[{ns}]+?(?=[.,;:!?)\]\"']*(?:[{s}]|$))|[{word}]+@[{dom}]+(?:\.[{dom}]+)+|" if links else ""
     return re.compile(
         head
-        + rf"(?<=[{letter}])'[{letter}]+"
-        rf"|(?:[{body}]|(?<=[{ln}])[.,](?=[{ln}]))+"
+        + rf"{char}+(?:{dot}{char}*)*|{dot}(?:{char}|{dot})*"
+        rf"|(?<=[{letter}])'[{letter}]+"
         rf"|\.\.+|[{ns}]")
 
 

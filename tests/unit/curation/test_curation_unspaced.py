@@ -143,3 +143,33 @@ def test_the_patterns_without_links_find_the_same_words_where_no_link_can_be() -
                 assert T._WORD_RE_ASCII_PLAIN.findall(text) == want, repr(text)
     assert T._tokens("mail a.b@c.org now") == ["mail", "a.b@c.org", "now"]
     assert T._tokens("see https://x.org/a now") == ["see", "https://x.org/a", "now"]
+
+
+def test_the_word_run_written_for_speed_finds_the_words_of_its_definition() -> None:
+    """The run of word characters is written ``char+(?:dot char*)*`` (and placed first) for speed; the
+    tokens must be those of its definition, ``(?:char|dot)+`` after the unspaced runs and clitics, on
+    text built to find the seams: dots and commas between letters, digits, CJK, marks and controls,
+    clitics, links."""
+    import random
+
+    import regex
+
+    from llmpipe.curation import text as T
+
+    def defined(unspaced: str, links: bool) -> regex.Pattern[str]:
+        head = r"https?://\S+?(?=[.,;:!?)\]\"']*(?:\s|$))|[\w.+-]+@[\w-]+(?:\.[\w-]+)+|" if links else ""
+        return regex.compile(
+            head + rf"[{T._CJK_CLASS}]+|[{T._SEA_CLASS}]+|(?<=\p{{L}})['’]\p{{L}}+"
+            rf"|(?:[^\s{unspaced}\p{{P}}\p{{S}}]|(?<=[\p{{L}}\p{{N}}])[.,](?=[\p{{L}}\p{{N}}]))+|\.\.+|[^\s{unspaced}]")
+
+    want_all, want_plain = defined(T._UNSPACED_CLASS, True), defined(T._UNSPACED_CLASS, False)
+    rng = random.Random(2)
+    alphabet = "aZ9.,.,'’ \n\x01\x1c\u0301é日本カไ٣…-@:/htps_"
+    samples = ["it's 3.5 words, 1,000.5 a.b,c x.'y 日.本 a.日 ٣.٣ e\u0301.x", "see https://x.org/a.b, a.b@c.org."]
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(20000)]
+    for text in samples:
+        want = want_all.findall(text)
+        assert T._WORD_RE.findall(text) == want, repr(text)
+        assert T._tokens(text) == want, repr(text)
+        if "://" not in text and "@" not in text:
+            assert T._WORD_RE_PLAIN.findall(text) == want_plain.findall(text) == want, repr(text)
