@@ -32,7 +32,8 @@ differ it is on purpose and documented here:
   0.10 does; datatrove 0.2 counted occurrences (``sum(w in stop_words for w in words)``), which
   lets a page that repeats "the" pass with no other stop word.
 * Duplicate n-grams are compared as word tuples (datatrove joins words without a separator, which
-  can merge different n-grams); n-gram identities are 64-bit hashes of word ids computed in numpy.
+  can merge different n-grams), counted in ``Counter``s of the tuples (documents are a few hundred
+  words: numpy's per-call cost was most of the filter).
   A top n-gram's characters include the spaces between its words only in spaced scripts.
 
 Every filter computes all its statistics (``scores``) before deciding, and the scores are kept in
@@ -43,12 +44,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from operator import methodcaller, mul
 from typing import Any
-
-import numpy as np
 
 from llmpipe.curation.config import (
     C4Settings,
@@ -202,67 +201,53 @@ class GopherQualityFilter(ScoredFilter):
 # -- Gopher repetition -------------------------------------------------------------------------
 _PARA_RE = re.compile(r"\n{2,}")
 _LINE_RE = re.compile(r"\n+")
-_MIX = np.uint64(0x9E3779B97F4A7C15)
+def _ngrams(words: tuple[str, ...], n: int) -> list[tuple[str, ...]]:
+    """Every n-gram of ``words`` as a word tuple, in order (``zip`` over shifted views: a C loop)."""
+    return list(zip(*[words[i:] for i in range(n)], strict=False))  # the shifted views end early
 
 
-def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
-    """One 64-bit identity per n-gram window of word ids (polynomial hash, wrap-around arithmetic)."""
-    m = len(ids) - n + 1
-    h = np.zeros(m, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(n):
-            h = h * _MIX + ids[j : j + m] + np.uint64(1)
-    return h
-
-
-def _ngram_hash_levels(ids: np.ndarray, sizes: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
-    """(n, :func:`_ngram_hashes` (ids, n)) for each n of ``sizes`` (ascending, each <= len(ids)): the
-    hashes of n-grams extend those of (n-1)-grams by one word (the same values, one vector step per
-    extra word instead of n steps per size)."""
-    h, done = np.zeros(len(ids), dtype=np.uint64), 0
-    with np.errstate(over="ignore"):
-        for n in sizes:
-            m = len(ids) - n + 1
-            h = h[:m]
-            for j in range(done, n):
-                h = h * _MIX + ids[j : j + m] + np.uint64(1)
-            done = n
-            yield n, h
-
-
-def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int, sep: int = 1) -> int:
+def _top_ngram_chars(words: tuple[str, ...], n: int, sep: int = 1) -> int:
     """Characters covered by the most frequent n-gram (its words plus n-1 separators of ``sep``
-    characters, times its count); ties: first seen."""
-    _, first, counts = np.unique(h, return_index=True, return_counts=True)
-    best = counts.max()
-    i = int(first[counts == best].min())
-    return (int(lens[i : i + n].sum()) + (n - 1) * sep) * int(best)
+    characters, times its count); ties: the first seen (a Counter keeps first-seen order)."""
+    counts = Counter(_ngrams(words, n))
+    best = max(counts.values())
+    gram = next(g for g, c in counts.items() if c == best)
+    return (sum(map(len, gram)) + (n - 1) * sep) * best
 
 
-def _dup_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
-    """Characters in repeated n-grams, scanning left to right and skipping past each repeat (Gopher).
+def _dup_ngram_chars(words: tuple[str, ...], sizes: Sequence[int]) -> dict[int, int]:
+    """{n: characters in repeated n-grams} for ascending ``sizes`` (each <= ``len(words)``), each by
+    Gopher's scan: left to right, a repeat counts its words' characters and the scan skips past it.
 
-    Only n-grams whose value occurs more than once can be a repeat or make a later one, so the scan
-    visits those positions alone (the others would only enter ``seen`` and never be looked up); a
-    text's repeated n-grams are few, so this is a short Python loop instead of one per n-gram."""
-    _, inverse, counts = np.unique(h, return_inverse=True, return_counts=True)
-    if len(counts) == len(h):
-        return 0
-    repeated = np.flatnonzero(counts[inverse] > 1).tolist()
-    values = h[repeated].tolist()
-    ends = np.concatenate(([0], np.cumsum(lens))).tolist()  # ends[i + n] - ends[i]: chars of n-gram i
-    seen: set[int] = set()
-    total, pos = 0, 0  # pos: the scan's next position
-    for p, x in zip(repeated, values, strict=True):
-        if p < pos:  # skipped: inside a repeat counted before
-            continue
-        if x in seen:
-            total += ends[p + n] - ends[p]
-            pos = p + n
+    Only n-grams that occur more than once can be a repeat or make a later one, so the scan visits
+    those positions alone. And an (n+1)-gram that repeats starts with an n-gram that repeats, so each
+    size looks only at the previous size's repeated positions: after the smallest size, a document's
+    few repeats, not its every word (on most documents, none: every larger size is 0 at once)."""
+    out: dict[int, int] = {}
+    pos: Sequence[int] | None = None  # the positions that can start a repeated n-gram (None: all)
+    for n in sizes:
+        if pos is None:
+            grams = _ngrams(words, n)
+            pos = range(len(grams))
         else:
-            seen.add(x)
-            pos = p + 1
-    return total
+            pos = [p for p in pos if p + n <= len(words)]
+            grams = [words[p : p + n] for p in pos]
+        counts = Counter(grams)
+        repeated = [] if len(counts) == len(grams) else [(p, g) for p, g in zip(pos, grams, strict=True) if counts[g] > 1]
+        seen: set[tuple[str, ...]] = set()
+        total, nxt = 0, 0  # nxt: the scan's next position
+        for p, g in repeated:
+            if p < nxt:  # skipped: inside a repeat counted before
+                continue
+            if g in seen:
+                total += sum(map(len, g))
+                nxt = p + n
+            else:
+                seen.add(g)
+                nxt = p + 1
+        out[n] = total
+        pos = [p for p, _ in repeated]
+    return out
 
 
 class GopherRepetitionFilter(ScoredFilter):
@@ -284,20 +269,9 @@ class GopherRepetitionFilter(ScoredFilter):
         lines = _LINE_RE.split(text)
         l_dup, l_chars = duplicate_stats(lines)
         words = split_words(text, lang)
-        vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}  # ids in order of first occurrence
-        ids = np.fromiter(map(vocab.__getitem__, words), dtype=np.uint64, count=len(words))
-        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        sizes = sorted(set(self.s.top_n_grams) | set(self.s.dup_n_grams))
-        top = {n: 0.0 for n in sizes if n > len(words)}
-        dup = dict(top)
-        unique_from = None  # the smallest dup size whose n-grams are all distinct: no larger n-gram repeats
-        for n, h in _ngram_hash_levels(ids, [n for n in sizes if n <= len(words)]):
-            if n in self.s.top_n_grams:
-                top[n] = _top_ngram_chars(h, lens, n, sep) / n_chars
-            if n in self.s.dup_n_grams:
-                if unique_from is None and len(np.unique(h)) == len(h):
-                    unique_from = n
-                dup[n] = 0.0 if unique_from is not None else _dup_ngram_chars(h, lens, n) / n_chars
+        top = {n: _top_ngram_chars(words, n, sep) / n_chars if n <= len(words) else 0.0 for n in self.s.top_n_grams}
+        dup_chars = _dup_ngram_chars(words, sorted(n for n in self.s.dup_n_grams if n <= len(words)))
+        dup = {n: dup_chars[n] / n_chars if n in dup_chars else 0.0 for n in self.s.dup_n_grams}
         return {
             "dup_para_frac": p_dup / len(paras),
             "dup_para_char_frac": p_chars / n_chars,
