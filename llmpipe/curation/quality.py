@@ -75,14 +75,20 @@ from llmpipe.document import Document
 _ALPHA = re.compile(r"[^\W\d_]")
 
 
+_FIELD = 64  # bits per term of a packed word kind: a document's sums stay far below 2**64
+_FIELD_MASK = (1 << _FIELD) - 1
+
+
 @lru_cache(maxsize=1 << 17)
-def _word_kind(word: str) -> tuple[int, int, int]:
-    """(1 if it has a letter, 1 if it is not a symbol word, its length if it is not a symbol word else
-    0) of a word: the three terms the Gopher quality counts add up, weighted by the word's count.
-    Cached: documents share most of their words, and the per-character test of
+def _word_kind(word: str) -> int:
+    """The three terms the Gopher quality counts add up for a word, weighted by its count, packed in
+    one int: 1 if it has a letter (bits 0-63), 1 if it is not a symbol word (64-127), its length if it
+    is not a symbol word else 0 (128-). One multiply-add per distinct word sums all three (Python ints
+    do not overflow, and no field's sum reaches 2**64, so the fields never carry: the same integers as
+    three sums). Cached: documents share most of their words, and the per-character test of
     :func:`is_symbol_word` was a fifth of the Gopher quality filter."""
     non_symbol = not is_symbol_word(word)
-    return int(_ALPHA.search(word) is not None), int(non_symbol), len(word) if non_symbol else 0
+    return int(_ALPHA.search(word) is not None) | int(non_symbol) << _FIELD | (len(word) if non_symbol else 0) << 2 * _FIELD
 
 
 def _share_of_lines(lines: list[str], text: str, marks: tuple[str, ...], starts: bool) -> float:
@@ -144,12 +150,11 @@ class GopherQualityFilter(ScoredFilter):
             lang = unspaced_lang(text)
         n_words = len(words)
         counts = Counter(words)
-        # per distinct word, its kind's three terms times its count, summed: map/sum loops in C (a
-        # Python loop over the distinct words was a third of the filter); integer sums, so exact
-        n = list(counts.values())
-        alpha, non_symbol, size = zip(*map(_word_kind, counts), strict=True) if n else ((), (), ())
-        n_alpha, n_non_symbol = sum(map(mul, n, alpha)), sum(map(mul, n, non_symbol))
-        chars_non_symbol = sum(map(mul, n, size))
+        # per distinct word, its packed kind times its count, summed: map/sum loops in C (a Python loop
+        # over the distinct words was a third of the filter); integer sums, so exact
+        total = sum(map(mul, counts.values(), map(_word_kind, counts)))
+        n_alpha, n_non_symbol = total & _FIELD_MASK, total >> _FIELD & _FIELD_MASK
+        chars_non_symbol = total >> 2 * _FIELD
         lines = text.splitlines() or [""]
         stops = self._stop_words(lang)
         if stops is None:
