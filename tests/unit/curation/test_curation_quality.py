@@ -205,3 +205,21 @@ FW_CASES = {
 def test_fineweb_reasons(reason: str) -> None:
     text, overrides = FW_CASES[reason]
     assert FineWebQualityFilter(FineWebSettings(**overrides)).filter(doc(text)) == (False, reason)
+
+
+def test_word_kind_shortcut_for_ascii_letters_and_digits_equals_the_general_rule() -> None:
+    """ASCII words of letters and digits skip the per-character symbol test: the same packed terms."""
+    import random
+
+    from llmpipe.curation.quality import _ALPHA, _FIELD, _word_kind
+    from llmpipe.curation.text import is_symbol_word
+
+    def general(w: str) -> int:
+        non_symbol = not is_symbol_word(w)
+        return int(_ALPHA.search(w) is not None) | int(non_symbol) << _FIELD | (len(w) if non_symbol else 0) << 2 * _FIELD
+
+    rng = random.Random(5)
+    words = ["a", "Z", "0", "42", "x1", "1x", "_", "a_b", "²", "é", "...", "-", "3.5", "it's", "ǅ", "\x00"]
+    words += ["".join(rng.choice("aZ09_.-é²'") for _ in range(rng.randint(1, 6))) for _ in range(3000)]
+    for w in words:
+        assert _word_kind.__wrapped__(w) == general(w), w
