@@ -173,3 +173,27 @@ def test_the_word_run_written_for_speed_finds_the_words_of_its_definition() -> N
         assert T._tokens(text) == want, repr(text)
         if "://" not in text and "@" not in text:
             assert T._WORD_RE_PLAIN.findall(text) == want_plain.findall(text) == want, repr(text)
+
+
+def test_ascii_lines_of_a_unicode_text_are_split_as_the_whole_text_is() -> None:
+    """A text with non-ASCII lines gives its ASCII lines to the ``re`` pattern: the same tokens as the
+    Unicode pattern on the whole text, where lines meet URLs, e-mails, numbers and clitics."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    rng = random.Random(4)
+    lines = ["it's 3.5 words,", "see https://x.org/a.", "mail a.b@c.org", "“Quoted” café, naïve.", "日本語の文。",
+             "ภาษาไทย 3.14", "", "  ", "a.", ".b", "1,000", "’s", "...", "e\u0301.x", "end"]
+    samples = ["\n".join(rng.choice(lines) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
+    for text in samples:
+        assert T._tokens(text) == T._WORD_RE.findall(text), repr(text)
+
+
+def test_unspaced_re_matches_exactly_the_written_out_ranges() -> None:
+    """``UNSPACED_RE`` tests the ranges above U+FFFF only on such characters (for speed): on every
+    code point it matches what one class of all the ranges matches."""
+    every = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+    one_class = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in UNSPACED_RANGES) + "]")
+    assert all(b <= 0xFFFF or a > 0xFFFF for a, b in UNSPACED_RANGES)  # no range straddles the split
+    assert UNSPACED_RE.findall(every) == one_class.findall(every)
