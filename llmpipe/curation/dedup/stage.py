@@ -62,10 +62,6 @@ core = lazy_import("llmpipe.curation.dedup.core")
 VERSION = "5"
 WRITE_WINDOW = 16  # input shards whose decisions the driver holds at once while writing the outputs
 INDEX_FORMAT = 3  # 2: memory index as base + deltas; 3: memory index rebuilt from the shards' signatures
-# A signature batch: up to this many documents or characters (whichever comes first). By characters, so
-# that a large shard's batches are large enough for ``minhash``'s ``auto`` to pick the numba kernel
-# (``NUMBA_MIN_BYTES``); 8,192 signatures of 256 permutations are 8 MiB.
-SIG_BATCH_DOCS, SIG_BATCH_CHARS = 8192, 4 << 20
 
 
 # -- per-shard work (runs in worker processes) --------------------------------------------------------
@@ -119,7 +115,6 @@ def shard_signatures(job: SignatureJob, out_dir: Path) -> dict[str, Any]:
             batch_texts.clear()
             batch_langs.clear()
 
-    chars = 0
     for doc in iter_documents(job.path):
         norm = normalize(doc.text)
         ids.append(doc.id)
@@ -127,10 +122,8 @@ def shard_signatures(job: SignatureJob, out_dir: Path) -> dict[str, Any]:
         batch_texts.append(norm)
         lang = doc.metadata.get("lang")
         batch_langs.append(lang if isinstance(lang, str) else None)
-        chars += len(norm)
-        if len(batch_texts) >= SIG_BATCH_DOCS or chars >= SIG_BATCH_CHARS:
+        if len(batch_texts) >= 2048:
             flush()
-            chars = 0
     flush()
     sig = np.concatenate(sigs) if sigs else np.zeros((0, job.num_perm), np.uint32)
     np.save(out_dir / "sig.npy", sig)
@@ -329,9 +322,12 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
     # 2. signatures of the new shards, in parallel and cached per shard
     t1 = time.perf_counter()
     new = shards[n_old:]
+    from llmpipe.curation.dedup.minhash import resolve_backend  # numpy: when the stage runs
+
+    backend = resolve_backend(cfg.minhash_backend, _text_bytes([Path(s["path"]) for s in new]))
     jobs = [SignatureJob(path=s["path"], num_perm=params["num_perm"], seed=params["seed"],
                          word_ngram=params["word_ngram"], char_ngram=params["char_ngram"],
-                         char_script_ratio=params["char_script_ratio"], minhash_backend=cfg.minhash_backend)
+                         char_script_ratio=params["char_script_ratio"], minhash_backend=backend)
             for s in new]
     items = [(job.shard_key(s["sha256"]), job) for job, s in zip(jobs, new, strict=True)]
     sig_dirs = [d for d, _ in ctx.cached_map(shard_signatures, items, desc="signatures")]
@@ -489,6 +485,16 @@ def _bucket_mates(sigs: np.ndarray, new_keys: list[np.ndarray], params: dict[str
             pos = np.minimum(np.searchsorted(nk, keys[:, b]), len(nk) - 1)
             hit |= nk[pos] == keys[:, b]
     return np.flatnonzero(hit)
+
+
+def _text_bytes(paths: list[Path]) -> int:
+    """The text column's bytes in these shards (from the Parquet footers: nothing is read)."""
+    total = 0
+    for p in paths:
+        meta = pq.ParquetFile(p).metadata
+        col = meta.schema.names.index("text")
+        total += sum(meta.row_group(g).column(col).total_uncompressed_size for g in range(meta.num_row_groups))
+    return total
 
 
 def _disk_array(path: Path, n: int) -> np.ndarray:

@@ -197,3 +197,22 @@ def test_unspaced_re_matches_exactly_the_written_out_ranges() -> None:
     one_class = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in UNSPACED_RANGES) + "]")
     assert all(b <= 0xFFFF or a > 0xFFFF for a, b in UNSPACED_RANGES)  # no range straddles the split
     assert UNSPACED_RE.findall(every) == one_class.findall(every)
+
+
+def test_ascii_text_split_by_chunks_finds_the_pattern_tokens() -> None:
+    """ASCII text is split at whitespace and each chunk's tokens looked up (cached): the same tokens as
+    the pattern on the whole text, with the information separators (whitespace to ``str.split`` only)
+    sending the text to the pattern; the patterns' whitespace is ``str.split``'s less those four."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    assert T._ascii_class(r"\s") == re.escape("\t\n\x0b\x0c\r ")
+    rng = random.Random(6)
+    alphabet = "ab1.,'-@:/htps  \t\n\x0b\x0c\r\x1c\x1f_()"
+    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(5000)]
+    samples += ["see https://x.org/a.b, it's 3.5 (a.b@c.org)\n" * 3, "a" * 100 + " " + "a" * 100 + ".b"]
+    for text in samples:
+        for chunks, pattern in ((T._CHUNKS_ASCII, T._WORD_RE_ASCII), (T._CHUNKS_ASCII_PLAIN, T._WORD_RE_ASCII_PLAIN)):
+            assert chunks.tokens(text) == pattern.findall(text), repr(text)
+            assert chunks.tokens(text) == pattern.findall(text), repr(text)  # from the cache

@@ -11,7 +11,15 @@ from pydantic import ValidationError
 
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup.lsh import band_keys, lsh_params
-from llmpipe.curation.dedup.minhash import HAVE_NUMBA, _signatures_numpy, encode, permutations, signatures
+from llmpipe.curation.dedup.minhash import (
+    HAVE_NUMBA,
+    NUMBA_MIN_BYTES,
+    _signatures_numpy,
+    encode,
+    permutations,
+    resolve_backend,
+    signatures,
+)
 from llmpipe.curation.dedup.text import normalize, shingles
 
 BACKENDS = ["numpy"] + (["numba"] if HAVE_NUMBA else [])
@@ -58,6 +66,14 @@ def test_numpy_chunks_split_documents_without_changing_a_bit(chunk: int) -> None
     a, b = permutations(64, 3)
     ours = _signatures_numpy(encode(texts), a, b, 5, 5, chunk_shingles=chunk)
     assert np.array_equal(ours, _reference(texts, 64, 3))
+
+
+def test_auto_backend_is_decided_for_the_whole_run() -> None:
+    """``auto`` takes numba for a run of at least NUMBA_MIN_BYTES of text however it is batched, numpy
+    below it; a named backend is kept."""
+    assert resolve_backend("auto", NUMBA_MIN_BYTES - 1) == "numpy"
+    assert resolve_backend("auto", NUMBA_MIN_BYTES) == ("numba" if HAVE_NUMBA else "numpy")
+    assert resolve_backend("numpy", 1 << 40) == "numpy" and resolve_backend("numba", 0) == "numba"
 
 
 def test_cjk_uses_character_shingles_and_lang_overrides() -> None:
