@@ -45,7 +45,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from functools import lru_cache
 from operator import methodcaller
 from typing import Any
 
@@ -79,18 +78,36 @@ _FIELD = 64  # bits per term of a packed word kind: a document's sums stay far b
 _FIELD_MASK = (1 << _FIELD) - 1
 
 
-@lru_cache(maxsize=1 << 17)
 def _word_kind(word: str) -> int:
     """The three terms the Gopher quality counts add up over a document's words, packed in one int: 1
     if the word has a letter (bits 0-63), 1 if it is not a symbol word (64-127), its length if it is
     not a symbol word else 0 (128-). One addition per word sums all three (Python ints do not
     overflow, and no field's sum reaches 2**64, so the fields never carry: the same integers as
-    three sums). Cached: documents share most of their words, and the per-character test of
-    :func:`is_symbol_word` was a fifth of the Gopher quality filter."""
+    three sums). Cached (:class:`_WordKinds`): the per-character test of :func:`is_symbol_word` was a
+    fifth of the Gopher quality filter."""
     if word.isascii() and word.isalnum():  # most words: letters and digits, never a symbol
         return int(not word.isdigit()) | 1 << _FIELD | len(word) << 2 * _FIELD
     non_symbol = not is_symbol_word(word)
     return int(_ALPHA.search(word) is not None) | int(non_symbol) << _FIELD | (len(word) if non_symbol else 0) << 2 * _FIELD
+
+
+class _WordKinds(dict[str, int]):
+    """:func:`_word_kind` by word, cached: documents share most of their words (a dict lookup per word
+    in C, half the cost of an ``lru_cache`` hit); emptied when it reaches ``max_entries``."""
+
+    def __init__(self, max_entries: int = 1 << 17) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+
+    def __missing__(self, word: str) -> int:
+        kind = _word_kind(word)
+        if len(self) >= self.max_entries:
+            self.clear()
+        self[word] = kind
+        return kind
+
+
+_WORD_KINDS = _WordKinds()
 
 
 def _share_of_lines(lines: list[str], text: str, marks: tuple[str, ...], starts: bool) -> float:
@@ -154,7 +171,7 @@ class GopherQualityFilter(ScoredFilter):
         # every word's packed kind (a cache hit for all but a document's new words), summed: map/sum
         # loop in C (a Python loop over the distinct words was a third of the filter, counting them
         # first half of what is left); integer sums, so exact
-        total = sum(map(_word_kind, words))
+        total = sum(map(_WORD_KINDS.__getitem__, words))
         n_alpha, n_non_symbol = total & _FIELD_MASK, total >> _FIELD & _FIELD_MASK
         chars_non_symbol = total >> 2 * _FIELD
         lines = text.splitlines() or [""]
