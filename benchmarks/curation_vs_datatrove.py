@@ -34,7 +34,7 @@ measured with datatrove 0.10.1, spaCy 3.8). Its language filter loads the same l
 its own asset cache (``FT176LID.MODEL_URL`` points at the local file; no download).
 
 Timing: from the first stage to the last output, after the top-level imports; each side's lazy imports
-(ours: fasttext-new, datasketch, Pillow for the funnel charts, numba where a MinHash batch is large enough to use
+(ours: fasttext-new, datasketch, Pillow for the funnel charts, numba where the text to sign is large enough to repay
 it; datatrove: spaCy) fall inside, as they do for a user. Throughput uses CPU seconds of the process *and its
 children* (``getrusage`` SELF + CHILDREN: datatrove's executor starts a multiprocessing manager process
 per step), so a busy shared machine distorts the ratio less than wall time would; wall time is printed.

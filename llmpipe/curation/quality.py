@@ -32,7 +32,8 @@ differ it is on purpose and documented here:
   0.10 does; datatrove 0.2 counted occurrences (``sum(w in stop_words for w in words)``), which
   lets a page that repeats "the" pass with no other stop word.
 * Duplicate n-grams are compared as word tuples (datatrove joins words without a separator, which
-  can merge different n-grams); n-gram identities are 64-bit hashes of word ids computed in numpy.
+  can merge different n-grams), counted in ``Counter``s of the tuples (documents are a few hundred
+  words: numpy's per-call cost was most of the filter).
   A top n-gram's characters include the spaces between its words only in spaced scripts.
 
 Every filter computes all its statistics (``scores``) before deciding, and the scores are kept in
@@ -43,12 +44,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from functools import lru_cache
-from operator import methodcaller, mul
+from collections.abc import Sequence
+from operator import methodcaller
 from typing import Any
-
-import numpy as np
 
 from llmpipe.curation.config import (
     C4Settings,
@@ -76,14 +74,40 @@ from llmpipe.document import Document
 _ALPHA = re.compile(r"[^\W\d_]")
 
 
-@lru_cache(maxsize=1 << 17)
-def _word_kind(word: str) -> tuple[int, int, int]:
-    """(1 if it has a letter, 1 if it is not a symbol word, its length if it is not a symbol word else
-    0) of a word: the three terms the Gopher quality counts add up, weighted by the word's count.
-    Cached: documents share most of their words, and the per-character test of
-    :func:`is_symbol_word` was a fifth of the Gopher quality filter."""
+_FIELD = 64  # bits per term of a packed word kind: a document's sums stay far below 2**64
+_FIELD_MASK = (1 << _FIELD) - 1
+
+
+def _word_kind(word: str) -> int:
+    """The three terms the Gopher quality counts add up over a document's words, packed in one int: 1
+    if the word has a letter (bits 0-63), 1 if it is not a symbol word (64-127), its length if it is
+    not a symbol word else 0 (128-). One addition per word sums all three (Python ints do not
+    overflow, and no field's sum reaches 2**64, so the fields never carry: the same integers as
+    three sums). Cached (:class:`_WordKinds`): the per-character test of :func:`is_symbol_word` was a
+    fifth of the Gopher quality filter."""
+    if word.isascii() and word.isalnum():  # most words: letters and digits, never a symbol
+        return int(not word.isdigit()) | 1 << _FIELD | len(word) << 2 * _FIELD
     non_symbol = not is_symbol_word(word)
-    return int(_ALPHA.search(word) is not None), int(non_symbol), len(word) if non_symbol else 0
+    return int(_ALPHA.search(word) is not None) | int(non_symbol) << _FIELD | (len(word) if non_symbol else 0) << 2 * _FIELD
+
+
+class _WordKinds(dict[str, int]):
+    """:func:`_word_kind` by word, cached: documents share most of their words (a dict lookup per word
+    in C, half the cost of an ``lru_cache`` hit); emptied when it reaches ``max_entries``."""
+
+    def __init__(self, max_entries: int = 1 << 17) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+
+    def __missing__(self, word: str) -> int:
+        kind = _word_kind(word)
+        if len(self) >= self.max_entries:
+            self.clear()
+        self[word] = kind
+        return kind
+
+
+_WORD_KINDS = _WordKinds()
 
 
 def _share_of_lines(lines: list[str], text: str, marks: tuple[str, ...], starts: bool) -> float:
@@ -144,13 +168,12 @@ class GopherQualityFilter(ScoredFilter):
         if cjk and not tagged:  # untagged unspaced text: Japanese when it has kana, Chinese, Thai, ...
             lang = unspaced_lang(text)
         n_words = len(words)
-        counts = Counter(words)
-        # per distinct word, its kind's three terms times its count, summed: map/sum loops in C (a
-        # Python loop over the distinct words was a third of the filter); integer sums, so exact
-        n = list(counts.values())
-        alpha, non_symbol, size = zip(*map(_word_kind, counts), strict=True) if n else ((), (), ())
-        n_alpha, n_non_symbol = sum(map(mul, n, alpha)), sum(map(mul, n, non_symbol))
-        chars_non_symbol = sum(map(mul, n, size))
+        # every word's packed kind (a cache hit for all but a document's new words), summed: map/sum
+        # loop in C (a Python loop over the distinct words was a third of the filter, counting them
+        # first half of what is left); integer sums, so exact
+        total = sum(map(_WORD_KINDS.__getitem__, words))
+        n_alpha, n_non_symbol = total & _FIELD_MASK, total >> _FIELD & _FIELD_MASK
+        chars_non_symbol = total >> 2 * _FIELD
         lines = text.splitlines() or [""]
         stops = self._stop_words(lang)
         if stops is None:
@@ -158,7 +181,7 @@ class GopherQualityFilter(ScoredFilter):
         elif cjk:
             n_stop = sum(1 for w in stops if w in text)
         else:
-            n_stop = sum(1 for w in stops if w in counts)
+            n_stop = len(stops.intersection(words))  # distinct stop words (see the module docstring)
         per_word = 1 / n_words if n_words else None
         return {
             "lang": lang,
@@ -202,67 +225,53 @@ class GopherQualityFilter(ScoredFilter):
 # -- Gopher repetition -------------------------------------------------------------------------
 _PARA_RE = re.compile(r"\n{2,}")
 _LINE_RE = re.compile(r"\n+")
-_MIX = np.uint64(0x9E3779B97F4A7C15)
+def _ngrams(words: tuple[str, ...], n: int) -> list[tuple[str, ...]]:
+    """Every n-gram of ``words`` as a word tuple, in order (``zip`` over shifted views: a C loop)."""
+    return list(zip(*[words[i:] for i in range(n)], strict=False))  # the shifted views end early
 
 
-def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
-    """One 64-bit identity per n-gram window of word ids (polynomial hash, wrap-around arithmetic)."""
-    m = len(ids) - n + 1
-    h = np.zeros(m, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(n):
-            h = h * _MIX + ids[j : j + m] + np.uint64(1)
-    return h
-
-
-def _ngram_hash_levels(ids: np.ndarray, sizes: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
-    """(n, :func:`_ngram_hashes` (ids, n)) for each n of ``sizes`` (ascending, each <= len(ids)): the
-    hashes of n-grams extend those of (n-1)-grams by one word (the same values, one vector step per
-    extra word instead of n steps per size)."""
-    h, done = np.zeros(len(ids), dtype=np.uint64), 0
-    with np.errstate(over="ignore"):
-        for n in sizes:
-            m = len(ids) - n + 1
-            h = h[:m]
-            for j in range(done, n):
-                h = h * _MIX + ids[j : j + m] + np.uint64(1)
-            done = n
-            yield n, h
-
-
-def _top_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int, sep: int = 1) -> int:
+def _top_ngram_chars(words: tuple[str, ...], n: int, sep: int = 1) -> int:
     """Characters covered by the most frequent n-gram (its words plus n-1 separators of ``sep``
-    characters, times its count); ties: first seen."""
-    _, first, counts = np.unique(h, return_index=True, return_counts=True)
-    best = counts.max()
-    i = int(first[counts == best].min())
-    return (int(lens[i : i + n].sum()) + (n - 1) * sep) * int(best)
+    characters, times its count); ties: the first seen (a Counter keeps first-seen order)."""
+    counts = Counter(_ngrams(words, n))
+    best = max(counts.values())
+    gram = next(g for g, c in counts.items() if c == best)
+    return (sum(map(len, gram)) + (n - 1) * sep) * best
 
 
-def _dup_ngram_chars(h: np.ndarray, lens: np.ndarray, n: int) -> int:
-    """Characters in repeated n-grams, scanning left to right and skipping past each repeat (Gopher).
+def _dup_ngram_chars(words: tuple[str, ...], sizes: Sequence[int]) -> dict[int, int]:
+    """{n: characters in repeated n-grams} for ascending ``sizes`` (each <= ``len(words)``), each by
+    Gopher's scan: left to right, a repeat counts its words' characters and the scan skips past it.
 
-    Only n-grams whose value occurs more than once can be a repeat or make a later one, so the scan
-    visits those positions alone (the others would only enter ``seen`` and never be looked up); a
-    text's repeated n-grams are few, so this is a short Python loop instead of one per n-gram."""
-    _, inverse, counts = np.unique(h, return_inverse=True, return_counts=True)
-    if len(counts) == len(h):
-        return 0
-    repeated = np.flatnonzero(counts[inverse] > 1).tolist()
-    values = h[repeated].tolist()
-    ends = np.concatenate(([0], np.cumsum(lens))).tolist()  # ends[i + n] - ends[i]: chars of n-gram i
-    seen: set[int] = set()
-    total, pos = 0, 0  # pos: the scan's next position
-    for p, x in zip(repeated, values, strict=True):
-        if p < pos:  # skipped: inside a repeat counted before
-            continue
-        if x in seen:
-            total += ends[p + n] - ends[p]
-            pos = p + n
+    Only n-grams that occur more than once can be a repeat or make a later one, so the scan visits
+    those positions alone. And an (n+1)-gram that repeats starts with an n-gram that repeats, so each
+    size looks only at the previous size's repeated positions: after the smallest size, a document's
+    few repeats, not its every word (on most documents, none: every larger size is 0 at once)."""
+    out: dict[int, int] = {}
+    pos: Sequence[int] | None = None  # the positions that can start a repeated n-gram (None: all)
+    for n in sizes:
+        if pos is None:
+            grams = _ngrams(words, n)
+            pos = range(len(grams))
         else:
-            seen.add(x)
-            pos = p + 1
-    return total
+            pos = [p for p in pos if p + n <= len(words)]
+            grams = [words[p : p + n] for p in pos]
+        counts = Counter(grams)
+        repeated = [] if len(counts) == len(grams) else [(p, g) for p, g in zip(pos, grams, strict=True) if counts[g] > 1]
+        seen: set[tuple[str, ...]] = set()
+        total, nxt = 0, 0  # nxt: the scan's next position
+        for p, g in repeated:
+            if p < nxt:  # skipped: inside a repeat counted before
+                continue
+            if g in seen:
+                total += sum(map(len, g))
+                nxt = p + n
+            else:
+                seen.add(g)
+                nxt = p + 1
+        out[n] = total
+        pos = [p for p, _ in repeated]
+    return out
 
 
 class GopherRepetitionFilter(ScoredFilter):
@@ -284,20 +293,9 @@ class GopherRepetitionFilter(ScoredFilter):
         lines = _LINE_RE.split(text)
         l_dup, l_chars = duplicate_stats(lines)
         words = split_words(text, lang)
-        vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}  # ids in order of first occurrence
-        ids = np.fromiter(map(vocab.__getitem__, words), dtype=np.uint64, count=len(words))
-        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        sizes = sorted(set(self.s.top_n_grams) | set(self.s.dup_n_grams))
-        top = {n: 0.0 for n in sizes if n > len(words)}
-        dup = dict(top)
-        unique_from = None  # the smallest dup size whose n-grams are all distinct: no larger n-gram repeats
-        for n, h in _ngram_hash_levels(ids, [n for n in sizes if n <= len(words)]):
-            if n in self.s.top_n_grams:
-                top[n] = _top_ngram_chars(h, lens, n, sep) / n_chars
-            if n in self.s.dup_n_grams:
-                if unique_from is None and len(np.unique(h)) == len(h):
-                    unique_from = n
-                dup[n] = 0.0 if unique_from is not None else _dup_ngram_chars(h, lens, n) / n_chars
+        top = {n: _top_ngram_chars(words, n, sep) / n_chars if n <= len(words) else 0.0 for n in self.s.top_n_grams}
+        dup_chars = _dup_ngram_chars(words, sorted(n for n in self.s.dup_n_grams if n <= len(words)))
+        dup = {n: dup_chars[n] / n_chars if n in dup_chars else 0.0 for n in self.s.dup_n_grams}
         return {
             "dup_para_frac": p_dup / len(paras),
             "dup_para_char_frac": p_chars / n_chars,

@@ -30,14 +30,24 @@ from llmpipe.curation.dedup.text import normalize, shingle_buffer, use_char_shin
 # optional accelerator (imported only when a batch uses it); the numpy path gives the same bits
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 # ``auto`` takes numba for a batch of at least this many shingle-buffer bytes, or once the kernel is
-# loaded: importing numba and loading its cached kernel cost ~0.5 CPU-seconds, which the numpy path
-# (~0.45 us more per byte) spends only from ~1 MB on. Measured on the curation_vs_datatrove corpus:
-# 4,579 documents (2.9 MB) numba 0.93 s, numpy 2.11 s; the ~300 documents that reach dedup there
-# cost numpy ~0.15 s against numba's ~0.5 s.
-NUMBA_MIN_BYTES = 1 << 20
+# loaded: importing numba and loading its cached kernel cost ~0.75 CPU-seconds, which the numpy path
+# (~0.23 us more per byte, in cache-sized chunks) spends only from ~3 MB on. Measured on the
+# curation_vs_datatrove corpus: the 1,764 documents (1.07 MB) that reach dedup at 20k documents cost
+# numpy 0.29 s against numba's 0.76 s; at 4,579 documents, the 288 (0.32 MB) numpy 0.09 s.
+NUMBA_MIN_BYTES = 3 << 20
 _NUMBA_MODULE = "llmpipe.curation.dedup.minhash_numba"
 
 EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's initial (and "empty set") hash value
+
+
+def resolve_backend(backend: str, text_bytes: int) -> str:
+    """The kernel for a whole run over ``text_bytes`` of text: ``auto`` is numba when it is installed
+    and the run is large enough to repay loading it (``NUMBA_MIN_BYTES``), else numpy; any other
+    value as given. Decided once for the run (the dedup stage), not per batch: a corpus of small
+    shards would otherwise never reach the threshold in one batch and pay numpy's cost per byte."""
+    if backend != "auto":
+        return backend
+    return "numba" if HAVE_NUMBA and text_bytes >= NUMBA_MIN_BYTES else "numpy"
 
 
 @lru_cache(maxsize=16)
@@ -164,19 +174,25 @@ def shingle_hashes(enc: Encoded, word_ngram: int, char_ngram: int) -> tuple[np.n
 
 
 def _signatures_numpy(enc: Encoded, a: np.ndarray, b: np.ndarray, word_ngram: int, char_ngram: int,
-                      chunk_shingles: int = 1 << 15) -> np.ndarray:
+                      chunk_shingles: int = 1024) -> np.ndarray:
+    """Signatures from the shingle hashes, ``chunk_shingles`` shingles at a time whatever the
+    documents' sizes: a chunk's ``chunk x num_perm`` permuted hashes (1 MiB at 256 permutations) stay
+    in the CPU cache, where chunks of 32k shingles (32 MiB) cost 7x more. A document that spans
+    chunks takes the minimum of its parts (``min`` is associative: the same bits)."""
     hashes, offsets = shingle_hashes(enc, word_ngram, char_ngram)
     mixed = fmix32(hashes)
     out = np.full((len(enc), len(a)), EMPTY, dtype=np.uint32)
-    d = 0
-    n_docs = len(enc)
-    while d < n_docs:  # group whole documents into chunks of about ``chunk_shingles`` shingles
-        e = int(np.searchsorted(offsets, offsets[d] + chunk_shingles, side="right")) - 1
-        e = min(max(e, d + 1), n_docs)
-        lo, hi = int(offsets[d]), int(offsets[e])
-        if hi > lo:
-            phv = mixed[lo:hi, None] * a[None, :] + b[None, :]
-            nonempty = np.flatnonzero(offsets[d + 1 : e + 1] > offsets[d:e]) + d
-            out[nonempty] = np.minimum.reduceat(phv, offsets[nonempty] - lo, axis=0)
-        d = e
+    phv = np.empty((chunk_shingles, len(a)), dtype=np.uint32)
+    for lo in range(0, len(mixed), chunk_shingles):
+        hi = min(lo + chunk_shingles, len(mixed))
+        part = phv[: hi - lo]
+        np.multiply(mixed[lo:hi, None], a[None, :], out=part)
+        np.add(part, b[None, :], out=part)
+        # the documents with shingles in [lo, hi), and where each one's shingles start in the chunk
+        d0 = int(np.searchsorted(offsets, lo, side="right")) - 1
+        d1 = int(np.searchsorted(offsets, hi, side="left"))
+        starts, ends = np.maximum(offsets[d0:d1], lo), np.minimum(offsets[d0 + 1 : d1 + 1], hi)
+        docs = np.flatnonzero(ends > starts)
+        rows = docs + d0
+        out[rows] = np.minimum(out[rows], np.minimum.reduceat(part, starts[docs] - lo, axis=0))
     return out

@@ -118,58 +118,53 @@ def test_dup_ngram_matches_reference_definition() -> None:
     assert d.metadata["scores"]["gopher_repetition"]["dup_n_gram_char_frac"]["5"] == pytest.approx(5 / len(text))
 
 
-def test_ngram_hashes_by_level_and_the_dup_shortcut_give_the_direct_figures() -> None:
-    """Hashes extended one word per size equal hashes computed per size; a document whose 5-grams are
-    all distinct (so no longer n-gram repeats) scores 0 for every larger size, as the scan would."""
-    import numpy as np
-
-    from llmpipe.curation.quality import _dup_ngram_chars, _ngram_hash_levels, _ngram_hashes
-
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 20, 300).astype(np.uint64)
-    sizes = [2, 3, 4, 5, 7, 10]
-    assert all(np.array_equal(h, _ngram_hashes(ids, n)) for n, h in _ngram_hash_levels(ids, sizes))
-    lens = np.ones(len(ids), dtype=np.int64)
-    distinct = np.arange(50, dtype=np.uint64)
-    assert [_dup_ngram_chars(_ngram_hashes(distinct, n), lens, n) for n in range(5, 11)] == [0] * 6
-    text = "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3
-    d = doc(text)
-    GopherRepetitionFilter().filter(d)
-    direct = {str(n): _dup_ngram_chars(_ngram_hashes(np.array([ord(w) for w in text.split()], dtype=np.uint64), n),
-                                       np.ones(78, dtype=np.int64), n) / len(text) for n in range(5, 11)}
-    assert d.metadata["scores"]["gopher_repetition"]["dup_n_gram_char_frac"] == pytest.approx(direct)
-
-
-
-def _dup_chars_scan(h: list[int], lens: list[int], n: int) -> int:
+def _dup_chars_scan(words: list[str], n: int) -> int:
     """Gopher's duplicate n-gram scan as written: every position, left to right, skipping each repeat."""
-    seen: set[int] = set()
+    seen: set[tuple[str, ...]] = set()
     total, i = 0, 0
-    while i < len(h):
-        if h[i] in seen:
-            total += sum(lens[i : i + n])
+    while i < len(words) - n + 1:
+        gram = tuple(words[i : i + n])
+        if gram in seen:
+            total += sum(map(len, gram))
             i += n
         else:
-            seen.add(h[i])
+            seen.add(gram)
             i += 1
     return total
 
 
-def test_dup_ngram_chars_visits_only_repeated_ngrams_with_the_scans_result() -> None:
-    """The scan restricted to n-grams that occur more than once gives the full scan's figure (random
-    word sequences over small vocabularies: overlapping repeats, repeats inside skipped spans)."""
-    import numpy as np
+def _top_chars_direct(words: list[str], n: int, sep: int) -> int:
+    """The most frequent n-gram's characters times its count, ties to the first seen, by brute force."""
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    best = max(grams.count(g) for g in grams)
+    first = next(g for g in grams if grams.count(g) == best)
+    return (sum(map(len, first)) + (n - 1) * sep) * best
 
-    from llmpipe.curation.quality import _dup_ngram_chars, _ngram_hashes
 
-    rng = np.random.default_rng(3)
-    for _ in range(3000):
-        size = int(rng.integers(1, 60))
-        ids = rng.integers(0, int(rng.integers(1, 12)), size).astype(np.uint64)
-        lens = rng.integers(1, 9, size).astype(np.int64)
-        for n in range(1, min(size, 6) + 1):
-            h = _ngram_hashes(ids, n)
-            assert _dup_ngram_chars(h, lens, n) == _dup_chars_scan(h.tolist(), lens.tolist(), n)
+def test_ngram_figures_of_the_shortcuts_equal_gophers_scan() -> None:
+    """The duplicate scan restricted to repeated n-grams, each size to the previous size's repeats,
+    and the top n-gram from a Counter give the figures of the plain definitions (random word
+    sequences over small vocabularies: overlapping repeats, repeats inside skipped spans, ties)."""
+    import random
+
+    from llmpipe.curation.quality import _dup_ngram_chars, _top_ngram_chars
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        vocab = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 12))]
+        words = tuple(rng.choice(vocab) for _ in range(rng.randint(1, 60)))
+        sizes = sorted(rng.sample(range(1, 11), rng.randint(1, 5)))
+        sizes = [n for n in sizes if n <= len(words)]
+        assert _dup_ngram_chars(words, sizes) == {n: _dup_chars_scan(list(words), n) for n in sizes}, words
+        for n in sizes:
+            for sep in (0, 1):
+                assert _top_ngram_chars(words, n, sep) == _top_chars_direct(list(words), n, sep), (words, n)
+    text = "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3
+    d = doc(text)
+    GopherRepetitionFilter().filter(d)
+    direct = {str(n): _dup_chars_scan(text.split(), n) / len(text) for n in range(5, 11)}
+    assert d.metadata["scores"]["gopher_repetition"]["dup_n_gram_char_frac"] == pytest.approx(direct)
+
 
 C4_CASES = {
     "lorem_ipsum": GOOD_EN + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.",
@@ -210,3 +205,21 @@ FW_CASES = {
 def test_fineweb_reasons(reason: str) -> None:
     text, overrides = FW_CASES[reason]
     assert FineWebQualityFilter(FineWebSettings(**overrides)).filter(doc(text)) == (False, reason)
+
+
+def test_word_kind_shortcut_for_ascii_letters_and_digits_equals_the_general_rule() -> None:
+    """ASCII words of letters and digits skip the per-character symbol test: the same packed terms."""
+    import random
+
+    from llmpipe.curation.quality import _ALPHA, _FIELD, _word_kind
+    from llmpipe.curation.text import is_symbol_word
+
+    def general(w: str) -> int:
+        non_symbol = not is_symbol_word(w)
+        return int(_ALPHA.search(w) is not None) | int(non_symbol) << _FIELD | (len(w) if non_symbol else 0) << 2 * _FIELD
+
+    rng = random.Random(5)
+    words = ["a", "Z", "0", "42", "x1", "1x", "_", "a_b", "²", "é", "...", "-", "3.5", "it's", "ǅ", "\x00"]
+    words += ["".join(rng.choice("aZ09_.-é²'") for _ in range(rng.randint(1, 6))) for _ in range(3000)]
+    for w in words:
+        assert _word_kind(w) == general(w), w

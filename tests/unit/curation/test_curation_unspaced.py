@@ -143,3 +143,76 @@ def test_the_patterns_without_links_find_the_same_words_where_no_link_can_be() -
                 assert T._WORD_RE_ASCII_PLAIN.findall(text) == want, repr(text)
     assert T._tokens("mail a.b@c.org now") == ["mail", "a.b@c.org", "now"]
     assert T._tokens("see https://x.org/a now") == ["see", "https://x.org/a", "now"]
+
+
+def test_the_word_run_written_for_speed_finds_the_words_of_its_definition() -> None:
+    """The run of word characters is written ``char+(?:dot char*)*`` (and placed first) for speed; the
+    tokens must be those of its definition, ``(?:char|dot)+`` after the unspaced runs and clitics, on
+    text built to find the seams: dots and commas between letters, digits, CJK, marks and controls,
+    clitics, links."""
+    import random
+
+    import regex
+
+    from llmpipe.curation import text as T
+
+    def defined(unspaced: str, links: bool) -> regex.Pattern[str]:
+        head = r"https?://\S+?(?=[.,;:!?)\]\"']*(?:\s|$))|[\w.+-]+@[\w-]+(?:\.[\w-]+)+|" if links else ""
+        return regex.compile(
+            head + rf"[{T._CJK_CLASS}]+|[{T._SEA_CLASS}]+|(?<=\p{{L}})['’]\p{{L}}+"
+            rf"|(?:[^\s{unspaced}\p{{P}}\p{{S}}]|(?<=[\p{{L}}\p{{N}}])[.,](?=[\p{{L}}\p{{N}}]))+|\.\.+|[^\s{unspaced}]")
+
+    want_all, want_plain = defined(T._UNSPACED_CLASS, True), defined(T._UNSPACED_CLASS, False)
+    rng = random.Random(2)
+    alphabet = "aZ9.,.,'’ \n\x01\x1c\u0301é日本カไ٣…-@:/htps_"
+    samples = ["it's 3.5 words, 1,000.5 a.b,c x.'y 日.本 a.日 ٣.٣ e\u0301.x", "see https://x.org/a.b, a.b@c.org."]
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(20000)]
+    for text in samples:
+        want = want_all.findall(text)
+        assert T._WORD_RE.findall(text) == want, repr(text)
+        assert T._tokens(text) == want, repr(text)
+        if "://" not in text and "@" not in text:
+            assert T._WORD_RE_PLAIN.findall(text) == want_plain.findall(text) == want, repr(text)
+
+
+def test_ascii_lines_of_a_unicode_text_are_split_as_the_whole_text_is() -> None:
+    """A text with non-ASCII lines gives its ASCII lines to the ``re`` pattern: the same tokens as the
+    Unicode pattern on the whole text, where lines meet URLs, e-mails, numbers and clitics."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    rng = random.Random(4)
+    lines = ["it's 3.5 words,", "see https://x.org/a.", "mail a.b@c.org", "“Quoted” café, naïve.", "日本語の文。",
+             "ภาษาไทย 3.14", "", "  ", "a.", ".b", "1,000", "’s", "...", "e\u0301.x", "end"]
+    samples = ["\n".join(rng.choice(lines) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
+    for text in samples:
+        assert T._tokens(text) == T._WORD_RE.findall(text), repr(text)
+
+
+def test_unspaced_re_matches_exactly_the_written_out_ranges() -> None:
+    """``UNSPACED_RE`` tests the ranges above U+FFFF only on such characters (for speed): on every
+    code point it matches what one class of all the ranges matches."""
+    every = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+    one_class = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in UNSPACED_RANGES) + "]")
+    assert all(b <= 0xFFFF or a > 0xFFFF for a, b in UNSPACED_RANGES)  # no range straddles the split
+    assert UNSPACED_RE.findall(every) == one_class.findall(every)
+
+
+def test_ascii_text_split_by_chunks_finds_the_pattern_tokens() -> None:
+    """ASCII text is split at whitespace and each chunk's tokens looked up (cached): the same tokens as
+    the pattern on the whole text, with the information separators (whitespace to ``str.split`` only)
+    sending the text to the pattern; the patterns' whitespace is ``str.split``'s less those four."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    assert T._ascii_class(r"\s") == re.escape("\t\n\x0b\x0c\r ")
+    rng = random.Random(6)
+    alphabet = "ab1.,'-@:/htps  \t\n\x0b\x0c\r\x1c\x1f_()"
+    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(5000)]
+    samples += ["see https://x.org/a.b, it's 3.5 (a.b@c.org)\n" * 3, "a" * 100 + " " + "a" * 100 + ".b"]
+    for text in samples:
+        for chunks, pattern in ((T._CHUNKS_ASCII, T._WORD_RE_ASCII), (T._CHUNKS_ASCII_PLAIN, T._WORD_RE_ASCII_PLAIN)):
+            assert chunks.tokens(text) == pattern.findall(text), repr(text)
+            assert chunks.tokens(text) == pattern.findall(text), repr(text)  # from the cache

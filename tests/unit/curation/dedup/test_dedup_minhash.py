@@ -11,7 +11,15 @@ from pydantic import ValidationError
 
 from llmpipe.curation.config import DedupConfig
 from llmpipe.curation.dedup.lsh import band_keys, lsh_params
-from llmpipe.curation.dedup.minhash import HAVE_NUMBA, signatures
+from llmpipe.curation.dedup.minhash import (
+    HAVE_NUMBA,
+    NUMBA_MIN_BYTES,
+    _signatures_numpy,
+    encode,
+    permutations,
+    resolve_backend,
+    signatures,
+)
 from llmpipe.curation.dedup.text import normalize, shingles
 
 BACKENDS = ["numpy"] + (["numba"] if HAVE_NUMBA else [])
@@ -48,6 +56,24 @@ def test_signatures_bit_identical_to_datasketch(backend: str, num_perm: int, see
     assert ours.dtype == np.uint32 and ref.dtype == np.uint32
     bad = np.flatnonzero((ours != ref).any(axis=1))
     assert not len(bad), f"rows differ from datasketch: {[texts[i][:30] for i in bad[:5]]}"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 15])
+def test_numpy_chunks_split_documents_without_changing_a_bit(chunk: int) -> None:
+    """The numpy path reduces a fixed number of shingles at a time: documents that span chunks (or
+    several chunks), empty ones between them, and chunks holding many documents give datasketch's rows."""
+    texts = _corpus()
+    a, b = permutations(64, 3)
+    ours = _signatures_numpy(encode(texts), a, b, 5, 5, chunk_shingles=chunk)
+    assert np.array_equal(ours, _reference(texts, 64, 3))
+
+
+def test_auto_backend_is_decided_for_the_whole_run() -> None:
+    """``auto`` takes numba for a run of at least NUMBA_MIN_BYTES of text however it is batched, numpy
+    below it; a named backend is kept."""
+    assert resolve_backend("auto", NUMBA_MIN_BYTES - 1) == "numpy"
+    assert resolve_backend("auto", NUMBA_MIN_BYTES) == ("numba" if HAVE_NUMBA else "numpy")
+    assert resolve_backend("numpy", 1 << 40) == "numpy" and resolve_backend("numba", 0) == "numba"
 
 
 def test_cjk_uses_character_shingles_and_lang_overrides() -> None:
