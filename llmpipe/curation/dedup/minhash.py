@@ -118,9 +118,8 @@ def signatures_encoded(enc: Encoded, *, num_perm: int, seed: int, word_ngram: in
     if word_ngram < 1 or char_ngram < 1:
         raise ValueError(f"shingle sizes must be >= 1, got word_ngram={word_ngram} char_ngram={char_ngram}")
     a, b = permutations(num_perm, seed)
-    if backend == "auto":
-        big = len(enc.buf) >= NUMBA_MIN_BYTES or _NUMBA_MODULE in sys.modules
-        backend = "numba" if HAVE_NUMBA and big else "numpy"
+    if backend == "auto":  # a loaded kernel costs nothing more: take it whatever the batch's size
+        backend = resolve_backend(backend, NUMBA_MIN_BYTES if _NUMBA_MODULE in sys.modules else len(enc.buf))
     if backend == "numba":
         if not HAVE_NUMBA:
             raise RuntimeError("MinHash backend 'numba' requested but numba is not installed")
