@@ -58,6 +58,7 @@ from llmpipe.curation.config import (
 from llmpipe.curation.filters import Filter, ScoredFilter
 from llmpipe.curation.text import (
     TERMINAL_TUPLE,
+    BoundedMemo,
     check_segmenters,
     count_sentences,
     duplicate_stats,
@@ -83,7 +84,7 @@ def _word_kind(word: str) -> int:
     if the word has a letter (bits 0-63), 1 if it is not a symbol word (64-127), its length if it is
     not a symbol word else 0 (128-). One addition per word sums all three (Python ints do not
     overflow, and no field's sum reaches 2**64, so the fields never carry: the same integers as
-    three sums). Cached (:class:`_WordKinds`): the per-character test of :func:`is_symbol_word` was a
+    three sums). Cached (``_WORD_KINDS``): the per-character test of :func:`is_symbol_word` was a
     fifth of the Gopher quality filter."""
     if word.isascii() and word.isalnum():  # most words: letters and digits, never a symbol
         return int(not word.isdigit()) | 1 << _FIELD | len(word) << 2 * _FIELD
@@ -91,23 +92,7 @@ def _word_kind(word: str) -> int:
     return int(_ALPHA.search(word) is not None) | int(non_symbol) << _FIELD | (len(word) if non_symbol else 0) << 2 * _FIELD
 
 
-class _WordKinds(dict[str, int]):
-    """:func:`_word_kind` by word, cached: documents share most of their words (a dict lookup per word
-    in C, half the cost of an ``lru_cache`` hit); emptied when it reaches ``max_entries``."""
-
-    def __init__(self, max_entries: int = 1 << 17) -> None:
-        super().__init__()
-        self.max_entries = max_entries
-
-    def __missing__(self, word: str) -> int:
-        kind = _word_kind(word)
-        if len(self) >= self.max_entries:
-            self.clear()
-        self[word] = kind
-        return kind
-
-
-_WORD_KINDS = _WordKinds()
+_WORD_KINDS = BoundedMemo(_word_kind)  # documents share most of their words
 
 
 def _share_of_lines(lines: list[str], text: str, marks: tuple[str, ...], starts: bool) -> float:

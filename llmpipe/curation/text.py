@@ -154,8 +154,29 @@ _WORD_RE_ASCII_PLAIN = _ascii_word_re(links=False)
 _SPLIT_ONLY_SPACE = ("\x1c", "\x1d", "\x1e", "\x1f")
 
 
-class _ChunkTokens(dict[str, list[str]]):
-    """The tokens of a whitespace-free chunk of ASCII text, by one word pattern, cached (bounded).
+class BoundedMemo(dict[Any, Any]):
+    """``fn(key)`` by key, cached in a plain dict (a hit is a lookup in C, half an ``lru_cache`` hit's
+    cost); emptied when it reaches ``max_entries``, so memory stays bounded whatever the corpus; a key
+    ``keep`` refuses is computed and not kept. For the per-word and per-chunk work that real text
+    repeats (its words, its whitespace-free chunks)."""
+
+    def __init__(self, fn: Callable[[Any], Any], max_entries: int = 1 << 17,
+                 keep: Callable[[Any], bool] | None = None) -> None:
+        super().__init__()
+        self.fn, self.max_entries, self.keep = fn, max_entries, keep
+
+    def __missing__(self, key: Any) -> Any:
+        value = self.fn(key)
+        if self.keep is None or self.keep(key):
+            if len(self) >= self.max_entries:
+                self.clear()
+            self[key] = value
+        return value
+
+
+class _ChunkTokens(BoundedMemo):
+    """The tokens of a whitespace-free chunk of ASCII text, by one word pattern, cached (bounded; long
+    chunks, URLs or minified code, are rare: not kept).
 
     No token holds whitespace, and no alternative or lookaround of the ASCII patterns tells
     whitespace from the start or end of the string, so a text's tokens are its chunks' tokens in
@@ -163,16 +184,8 @@ class _ChunkTokens(dict[str, list[str]]):
     of a pattern run (~1.4x faster on a single pass over the benchmark's documents)."""
 
     def __init__(self, pattern: re.Pattern[str], max_entries: int = 1 << 17, max_chunk: int = 64) -> None:
-        super().__init__()
-        self.findall, self.max_entries, self.max_chunk = pattern.findall, max_entries, max_chunk
-
-    def __missing__(self, chunk: str) -> list[str]:
-        tokens = self.findall(chunk)
-        if len(chunk) <= self.max_chunk:  # long chunks (URLs, minified code) are rare: not kept
-            if len(self) >= self.max_entries:
-                self.clear()
-            self[chunk] = tokens
-        return tokens
+        super().__init__(pattern.findall, max_entries, keep=lambda chunk: len(chunk) <= max_chunk)
+        self.findall = pattern.findall
 
     def tokens(self, text: str) -> list[str]:
         """``pattern.findall(text)`` for an ASCII text."""
