@@ -29,13 +29,10 @@ flip an already published decision); the backward rule avoids both.
 
 from __future__ import annotations
 
-import bisect
-import itertools
-from collections import OrderedDict
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -86,35 +83,91 @@ class SigStore:
 class ExactIndex:
     """Normalized-text hashes of exact-unique documents -> the global index of that document.
 
-    On disk, out of core: one sorted run of ``(hash, doc)`` per shard in ``folder`` (each hash is
-    in exactly one run: the earliest document's); a lookup memory-maps each run in turn and drops
-    the mapping, so memory holds one shard's arrays whatever the corpus size (16 bytes a document
-    in memory would be 32 MB at 2M documents and 16 GB at a billion, plus the sort's copies).
-    A lookup reads every run: time grows with shards x shard size (a few seconds at 100 shards).
+    On disk, out of core: sorted runs of ``(hash, doc)`` in ``folder`` (each hash is in exactly one
+    run: the earliest document's), merged LSM-style: a shard adds a run, and while the run before
+    the last is at most twice the last's size the two are merged (a streaming merge, ``chunk``
+    records of each run at a time). Run sizes then fall at least geometrically, so a corpus of S
+    shards holds O(log S) runs and a lookup reads O(log S) runs (one run per shard made a lookup
+    read every earlier shard's run: S^2 / 2 run reads in all, ~5,000 at 100 shards), and each
+    record is rewritten O(log S) times. A lookup memory-maps each run in turn and drops the mapping,
+    so memory holds a shard's arrays and a merge chunk whatever the corpus size.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, chunk: int = 1 << 16) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.runs = 0
+        self.sizes: list[int] = []  # records per run, oldest (largest) first
+        self.names: list[int] = []  # each run's file number
+        self.made = 0  # runs written, merged ones included (file numbers)
+        self.chunk = chunk
+        self.run_reads = 0  # runs searched by lookups (a test bounds them)
+        self.merged_records = 0  # records rewritten by merges
+
+    @property
+    def runs(self) -> int:
+        return len(self.sizes)
+
+    def _path(self, name: int, part: str) -> Path:
+        return self.folder / f"{name:08d}-{part}.bin"
+
+    def _open(self, name: int, part: str) -> np.ndarray:
+        return np.memmap(self._path(name, part), dtype=np.uint64 if part == "h" else np.int64, mode="r")
 
     def add_run(self, hashes: np.ndarray, docs: np.ndarray) -> None:
         """Register distinct hashes (not in any earlier run) of the documents ``docs``."""
         if not len(hashes):
             return
         order = np.argsort(hashes, kind="stable")
-        np.save(self.folder / f"{self.runs:08d}-h.npy", np.asarray(hashes, np.uint64)[order])
-        np.save(self.folder / f"{self.runs:08d}-d.npy", np.asarray(docs, np.int64)[order])
-        self.runs += 1
+        name = self.made
+        np.asarray(hashes, np.uint64)[order].tofile(self._path(name, "h"))
+        np.asarray(docs, np.int64)[order].tofile(self._path(name, "d"))
+        self.made += 1
+        self.sizes.append(len(hashes))
+        self.names.append(name)
+        while len(self.sizes) > 1 and self.sizes[-2] <= 2 * self.sizes[-1]:
+            self._merge_last_two()
+
+    def _merge_last_two(self) -> None:
+        """Merge the two newest runs into one, ``chunk`` records of each at a time (bounded memory)."""
+        a, b = self.names[-2], self.names[-1]
+        name = self.made
+        self.made += 1
+        ha, hb, da, db = self._open(a, "h"), self._open(b, "h"), self._open(a, "d"), self._open(b, "d")
+        ia = ib = 0
+        with open(self._path(name, "h"), "wb") as fh, open(self._path(name, "d"), "wb") as fd:
+            while ia < len(ha) or ib < len(hb):
+                # every record up to the smallest last hash of a window that does not reach its
+                # run's end: no record after a window can sort before it, so the output is in order
+                ea, eb = min(ia + self.chunk, len(ha)), min(ib + self.chunk, len(hb))
+                ends = [x[e - 1] for x, e in ((ha, ea), (hb, eb)) if e < len(x)]
+                if ends:
+                    cut = min(ends)
+                    ja = int(np.searchsorted(ha[ia:ea], cut, side="right")) + ia
+                    jb = int(np.searchsorted(hb[ib:eb], cut, side="right")) + ib
+                else:
+                    ja, jb = ea, eb
+                h = np.concatenate([ha[ia:ja], hb[ib:jb]])
+                order = np.argsort(h, kind="stable")
+                h[order].tofile(fh)
+                np.concatenate([da[ia:ja], db[ib:jb]])[order].tofile(fd)
+                ia, ib = ja, jb
+        del ha, hb, da, db  # drop the mappings before the files go
+        for old in (a, b):
+            self._path(old, "h").unlink()
+            self._path(old, "d").unlink()
+        self.merged_records += self.sizes[-2] + self.sizes[-1]
+        self.sizes[-2:] = [self.sizes[-2] + self.sizes[-1]]
+        self.names[-2:] = [name]
 
     def _lookup(self, hashes: np.ndarray) -> np.ndarray:
         target = np.full(len(hashes), -1, dtype=np.int64)
-        for r in range(self.runs):
-            h = np.load(self.folder / f"{r:08d}-h.npy", mmap_mode="r")
+        for name in self.names:
+            self.run_reads += 1
+            h = self._open(name, "h")
             pos = np.minimum(np.searchsorted(h, hashes), len(h) - 1)
             hit = np.flatnonzero((np.asarray(h[pos]) == hashes) & (target < 0))
             if len(hit):
-                d = np.load(self.folder / f"{r:08d}-d.npy", mmap_mode="r")
+                d = self._open(name, "d")
                 target[hit] = d[pos[hit]]
                 del d
             del h  # drop the mapping so its pages leave the resident set
@@ -150,8 +203,6 @@ def unique_edges(edges: np.ndarray) -> np.ndarray:
     return np.unique(edges, axis=0) if len(edges) else np.zeros((0, 2), np.int64)
 
 
-SET_BYTES = 4096  # a shingle set held for verification, as 64-bit hashes: ~500 shingles, a guess for sizing
-
 
 def hashed_set(shingles: Iterable[bytes]) -> np.ndarray:
     """A shingle set as its sorted, distinct 64-bit XXH3 hashes.
@@ -178,124 +229,126 @@ def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class ShingleSets:
-    """Exact Jaccard of two documents by global index: shingle sets recomputed from their texts.
+    """Exact Jaccard of two documents by global index, from shingle sets computed once, to a file.
 
-    The texts come from the shards (``(first, path)`` per shard); the most recently used shards' text
-    columns are held up to ``max_bytes``. Members are decided in order, so their shards are read one
-    after another; keepers can sit anywhere earlier, so :func:`decide_near` hands over a block's
-    candidate keepers up front (:meth:`prefetch`): each shard holding some is read once per block,
-    not once per keeper, and blocks are sized by edges (:func:`coalesce`), not by documents, so the
-    reads grow with the near-duplicate edges, not with corpus x shards. The block's candidates and
-    ``cached`` recent keepers are held as hashed sets (:func:`hashed_set`); a member's set is
-    computed once and not kept. Memory is bounded by the block and ``max_bytes``, not by the corpus.
+    Before the decisions, :meth:`build` computes the hashed set (:func:`hashed_set`) of every
+    document the verification can touch (:func:`needed`: the members with an edge, their anchors,
+    the keepers of an earlier artifact's anchors) shard by shard, each shard's text read once and
+    in order, and appends the sets to one file on disk; a Jaccard then reads its two sets back
+    (one ``pread`` each, from the page cache). Why: the decisions walk the members in order while
+    their keepers sit anywhere earlier, so reading texts on demand read a keeper's shard once per
+    block of edges: shards x blocks, which grew with the square of the corpus (30 -> 208 shard
+    reads for 100k -> 500k documents). Now the reads are the shards holding a needed document
+    (at most every shard once) and the memory one shard's text column plus the needed documents'
+    offsets (16 bytes each), whatever the corpus.
     """
 
-    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], max_bytes: int = 256 << 20,
-                 cached: int = 1024) -> None:
+    def __init__(self, shingle: Callable[[str, str | None], list[bytes]], folder: Path) -> None:
         self.shingle = shingle
+        self.folder = folder
         self.files: list[tuple[int, Path]] = []
-        self.firsts: list[int] = []
-        self.max_bytes, self.max_sets = max_bytes, cached
-        self.columns: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # shard -> (text, metadata) arrays
-        self.sets: OrderedDict[int, np.ndarray] = OrderedDict()  # recent keepers
-        self.block: dict[int, np.ndarray] = {}  # the current block's anchors and keepers
+        self.docs = np.zeros(0, np.int64)  # the documents whose sets the file holds, ascending
+        self.offsets = np.zeros(1, np.int64)  # set i: file bytes offsets[i] .. offsets[i + 1]
+        self._fd: int | None = None
         self.computed = 0  # Jaccard values computed (the stage's ``edges_verified``)
-        self.reads = 0  # shard reads (the stage's ``verify_shard_reads``)
+        self.reads = 0  # shard text columns read (the stage's ``verify_shard_reads``)
 
     def add(self, first: int, path: Path) -> None:
         """Register the next shard (in order): its first global index and its path."""
         self.files.append((first, path))
-        self.firsts.append(first)
 
-    def _columns(self, k: int) -> tuple[Any, Any]:
-        """Shard ``k``'s text and metadata columns; the most recent shards are held up to ``max_bytes``."""
-        if k in self.columns:
-            self.columns.move_to_end(k)
-            return self.columns[k]
-        from llmpipe.document import read_columns
+    def build(self, docs: np.ndarray) -> None:
+        """Compute the sets of ``docs`` (ascending distinct global indexes), each shard read once."""
+        from llmpipe.document import load_metadata, read_columns
 
-        t = read_columns(self.files[k][1], ["text", "metadata"])
-        self.reads += 1
-        self.columns[k] = (t.column("text"), t.column("metadata"))
-        while len(self.columns) > 1 and sum(a.nbytes + b.nbytes for a, b in self.columns.values()) > self.max_bytes:
-            self.columns.popitem(last=False)
-        return self.columns[k]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.docs = np.asarray(docs, np.int64)
+        sizes = np.zeros(len(self.docs), np.int64)
+        firsts = np.array([f for f, _ in self.files] + [np.iinfo(np.int64).max], np.int64)
+        cuts = np.searchsorted(self.docs, firsts)
+        with open(self.folder / "sets.bin", "wb") as out:
+            for k, (first, path) in enumerate(self.files):
+                lo, hi = int(cuts[k]), int(cuts[k + 1])
+                if lo == hi:
+                    continue
+                t = read_columns(path, ["text", "metadata"])
+                self.reads += 1
+                text, meta = t.column("text"), t.column("metadata")
+                for i in range(lo, hi):
+                    row = int(self.docs[i]) - first
+                    m = meta[row].as_py()
+                    lang = load_metadata(m).get("lang") if m else None
+                    got = hashed_set(self.shingle(text[row].as_py(), lang if isinstance(lang, str) else None))
+                    out.write(got.tobytes())
+                    sizes[i] = got.nbytes
+                del t, text, meta
+        self.offsets = np.concatenate(([0], np.cumsum(sizes)))
+        self._fd = os.open(self.folder / "sets.bin", os.O_RDONLY)
 
-    def _set(self, cols: tuple[Any, Any], row: int) -> np.ndarray:
-        from llmpipe.document import load_metadata
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
-        meta = cols[1][row].as_py()
-        lang = load_metadata(meta).get("lang") if meta else None
-        return hashed_set(self.shingle(cols[0][row].as_py(), lang if isinstance(lang, str) else None))
-
-    def _shard(self, idx: int) -> int:
-        return bisect.bisect_right(self.firsts, idx) - 1
-
-    def prefetch(self, idx: Iterable[int]) -> None:
-        """Hold the shingle sets of these documents (a block's candidate keepers) until the next prefetch."""
-        self.block = {}
-        want = sorted(i for i in set(idx) if i not in self.sets)
-        for k, group in itertools.groupby(want, key=self._shard):
-            cols = self._columns(k)
-            for i in group:
-                self.block[i] = self._set(cols, i - self.files[k][0])
-
-    def get(self, idx: int, cache: bool = True) -> np.ndarray:
-        got = self.block.get(idx)
-        if got is None:
-            got = self.sets.get(idx)
-        if got is not None:
-            if idx in self.sets:
-                self.sets.move_to_end(idx)
-            return got
-        k = self._shard(idx)
-        got = self._set(self._columns(k), idx - self.files[k][0])
-        if cache:
-            self.sets[idx] = got
-            if len(self.sets) > self.max_sets:
-                self.sets.popitem(last=False)
-        return got
+    def get(self, idx: int) -> np.ndarray:
+        """Document ``idx``'s hashed set (it must be one :meth:`build` was given)."""
+        i = int(np.searchsorted(self.docs, idx))
+        if i >= len(self.docs) or self.docs[i] != idx or self._fd is None:
+            raise KeyError(f"no shingle set built for document {idx}")
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return np.frombuffer(os.pread(self._fd, b - a, a), np.uint64) if b > a else np.zeros(0, np.uint64)
 
     def jaccard(self, a: int, b: int) -> float:
-        """Exact Jaccard of document ``a`` (read once: not cached) and keeper ``b`` (cached)."""
+        """Exact Jaccard of documents ``a`` and ``b``."""
         self.computed += 1
-        return exact_jaccard(self.get(a, cache=False), self.get(b))
+        return exact_jaccard(self.get(a), self.get(b))
 
 
-def coalesce(edges: Iterable[np.ndarray], max_edges: int) -> Iterator[np.ndarray]:
-    """Adjacent edge arrays joined into blocks of at least ``max_edges`` edges (the last may hold fewer).
+def needed(edges: np.ndarray, first_new: int, keeper_of_old: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The documents whose sets verifying these edges can read, distinct and ascending: each member
+    ``j``, each new anchor (kept: itself; removed: a member here, whose keeper is needed by the same
+    rule), and the keeper of each earlier artifact's anchor. A keeper :func:`decide_near` picks is
+    one of these, by induction over the members in order."""
+    anchors = edges[:, 1]
+    old = anchors < first_new
+    return np.unique(np.concatenate([edges[:, 0], anchors[~old], keeper_of_old(anchors[old])]))
 
-    The arrays keep :func:`decide_near`'s contract (ascending ``j``, no ``j`` split across arrays), so
-    their concatenation does too. Why: a block's candidate keepers are read shard by shard once per
-    block; the index yields a block per few thousand documents, mostly with a handful of edges, so
-    without this a corpus of S shards costs ~S reads per few thousand documents.
+
+class EdgeSpill:
+    """Candidate edge arrays written to one file as they stream in, read back as the same arrays.
+
+    The verification needs every document it can touch before the first decision (:meth:`ShingleSets.build`)
+    and the decisions need the edges in order: one pass over the index's stream fills this and the
+    needed documents, a second pass reads the edges back. 16 bytes an edge on disk, at most
+    ``bands`` edges a document; in memory one length per array.
     """
-    held: list[np.ndarray] = []
-    count = 0
-    for chunk in edges:
-        if not len(chunk):
-            continue
-        held.append(chunk)
-        count += len(chunk)
-        if count >= max_edges:
-            yield np.concatenate(held) if len(held) > 1 else held[0]
-            held, count = [], 0
-    if held:
-        yield np.concatenate(held) if len(held) > 1 else held[0]
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lengths: list[int] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._out = open(path, "wb")  # noqa: SIM115  (closed by the first read)
+
+    def add(self, chunk: np.ndarray) -> None:
+        if len(chunk):
+            self._out.write(np.ascontiguousarray(chunk, np.int64).tobytes())
+            self.lengths.append(len(chunk))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        self._out.close()
+        with open(self.path, "rb") as f:
+            for n in self.lengths:
+                yield np.frombuffer(f.read(n * 16), np.int64).reshape(n, 2)
 
 
 def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int], keepers: np.ndarray,
-                first_new: int, jaccard: Callable[[int, int], float] | None, threshold: float,
-                prefetch: Callable[[Iterable[int]], None] | None = None) -> int:
+                first_new: int, jaccard: Callable[[int, int], float] | None, threshold: float) -> int:
     """Set ``keepers[j - first_new]`` of each new document ``j`` with edges that joins a set; returns the edges seen.
 
     ``keepers``: by global index - ``first_new``, each new document's own index on entry.
     ``edges``: (j, anchor) arrays in ascending j (each array sorted, arrays in order, no j split
     across arrays), as :func:`anchor_edges` gives them; ``jaccard`` None: unverified (``verify:
     false``). See the module docstring for the rule. Documents without an edge keep themselves.
-    ``prefetch``: called per array with every keeper its documents can pick: its anchors inside the
-    array and the (final) keepers of those before it; a keeper picked inside the array is one of
-    these, by induction over the array's documents.
     """
     def keeper(i: int) -> int:
         return int(keepers[i - first_new]) if i >= first_new else keeper_of_old(i)
@@ -306,9 +359,6 @@ def decide_near(edges: Iterable[np.ndarray], keeper_of_old: Callable[[int], int]
         if not len(chunk):
             continue
         js = chunk[:, 0]
-        if prefetch is not None:  # every keeper the block can pick: its anchors, earlier ones' final keepers
-            anchors = np.unique(chunk[:, 1])
-            prefetch({*anchors[anchors >= js[0]].tolist(), *(keeper(int(a)) for a in anchors[anchors < js[0]])})
         bounds = np.flatnonzero(np.concatenate(([True], js[1:] != js[:-1], [True])))
         for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             j = int(js[s])

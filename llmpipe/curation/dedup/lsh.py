@@ -171,9 +171,6 @@ class DatasketchIndex:
 
 # -- out-of-core backend ---------------------------------------------------------------------------
 
-BLOCK_DOCS = 4096  # new documents per block of edges of the external backend, at most
-
-
 class ExternalIndex:
     """Band buckets as sorted (key, doc) runs on disk, one run per input shard; bounded memory.
 
@@ -241,8 +238,10 @@ class ExternalIndex:
         budget; then each block's files are merged and yielded in turn, so neither the records
         nor the edges are ever all in memory (a document has at most ``bands`` edges).
         """
-        # the verification holds a block's candidate keepers as shingle sets: a few thousand documents
-        block = max(1, min(self.budget // (self.bands * self.RECORD_BYTES * 4), BLOCK_DOCS))
+        # a block's edges (<= bands a document) and their dedup copies fit the budget. Not capped at a
+        # few thousand documents (when verification held a block's keepers' texts): each key range
+        # writes a spill file per block, so small blocks made files grow with n x n / block
+        block = max(1, self.budget // (self.bands * self.RECORD_BYTES * 4))
         fresh = self.runs[self.old_runs:]
         n_fresh = sum(int(np.load(r / "keys.npy", mmap_mode="r").shape[0]) for r in fresh)
         if n_fresh * self.RECORD_BYTES * 6 <= self.budget:

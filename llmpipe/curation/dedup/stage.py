@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,56 +188,77 @@ def find_previous(ctx: StageContext, params: dict[str, Any], shards: list[dict[s
     return best
 
 
+class _Clock:
+    """Wall and driver-CPU seconds per phase (the stats' ``seconds`` and ``cpu_seconds``): the CPU
+    figure is what a growth test or benchmark can compare on a machine shared with other jobs."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._t, self._c = time.perf_counter(), time.process_time()
+
+    def lap(self, phase: str) -> None:
+        """Close ``phase`` (it began where the previous one ended) and start the next."""
+        t, c = time.perf_counter(), time.process_time()
+        self.wall[phase], self.cpu[phase] = round(t - self._t, 3), round(c - self._c, 3)
+        self._t, self._c = t, c
+
+
 class _Ids:
     """Document ids by global index, read per shard.
 
-    :meth:`get_many` reads each shard a batch of lookups needs once, in shard order, and holds the
-    ``cached`` most recently used id columns: a shard whose duplicates point into many earlier shards
-    costs one read of each per batch (a first-in-first-out cache of 8 read a keeper's shard again
-    for every other keeper once more than 8 shards held keepers)."""
+    :meth:`table` takes every keeper the removed documents name at once, sorted, so each shard
+    holding one is read once per run (per output shard, with a cache of a few id columns, a keeper
+    shard was read once per output shard that named it: output shards x keeper shards reads)."""
 
-    def __init__(self, cached: int = 8) -> None:
+    def __init__(self) -> None:
         self.files: list[Path] = []
-        self.firsts = np.zeros(0, np.int64)
-        self.cache: OrderedDict[int, tuple[np.ndarray, bytes]] = OrderedDict()  # shard -> its id column
-        self.cached = cached
+        self.firsts: list[int] = []
         self.reads = 0  # id columns read (a test bounds them)
 
     def add(self, first: int, path: Path) -> None:
         self.files.append(path)
-        self.firsts = np.append(self.firsts, np.int64(first))
+        self.firsts.append(first)
 
     def _column(self, k: int) -> tuple[np.ndarray, bytes]:
         """Shard ``k``'s ids as their UTF-8 bytes and offsets (what an Arrow string column holds)."""
-        if k in self.cache:
-            self.cache.move_to_end(k)
-            return self.cache[k]
         arr = read_columns(self.files[k], ["id"]).column("id").combine_chunks()
         width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
         offsets = np.frombuffer(arr.buffers()[1], width)[arr.offset : arr.offset + len(arr) + 1]
         data = arr.buffers()[2]
-        col = (offsets, data.to_pybytes() if data is not None else b"")
         self.reads += 1
-        self.cache[k] = col
-        if len(self.cache) > self.cached:
-            self.cache.popitem(last=False)
-        return col
+        return offsets, data.to_pybytes() if data is not None else b""
 
-    def get_many(self, idx: np.ndarray) -> list[str]:
-        """The ids of the documents ``idx`` (global indexes), in the order given. Sliced from the
-        column's buffers: Arrow's ``take`` would import ``pyarrow.compute`` (~0.05 CPU-seconds a run)."""
+    def table(self, idx: np.ndarray) -> _IdTable:
+        """The ids of ``idx`` (distinct global indexes, ascending), each shard read once. Sliced from
+        the column's buffers: Arrow's ``take`` would import ``pyarrow.compute`` (~0.05 CPU-seconds a run)."""
         idx = np.asarray(idx, np.int64)
-        which = np.searchsorted(self.firsts, idx, side="right") - 1
-        order = np.argsort(which, kind="stable")
-        cuts = np.flatnonzero(np.diff(which[order])) + 1
-        out: list[str] = [""] * len(idx)
-        for sel in np.split(order, cuts) if len(idx) else []:
+        firsts = np.array(self.firsts, np.int64)
+        which = np.searchsorted(firsts, idx, side="right") - 1
+        lens = np.zeros(len(idx), np.int64)
+        parts: list[bytes] = []
+        for sel in np.split(np.arange(len(idx)), np.flatnonzero(np.diff(which)) + 1) if len(idx) else []:
             k = int(which[sel[0]])
             offsets, data = self._column(k)
-            rows = idx[sel] - self.firsts[k]
-            for i, a, b in zip(sel.tolist(), offsets[rows].tolist(), offsets[rows + 1].tolist(), strict=True):
-                out[i] = data[a:b].decode("utf-8")
-        return out
+            rows = idx[sel] - firsts[k]
+            lo, hi = offsets[rows].astype(np.int64), offsets[rows + 1].astype(np.int64)
+            lens[sel] = hi - lo
+            parts.extend(data[x:y] for x, y in zip(lo.tolist(), hi.tolist(), strict=True))
+        return _IdTable(idx, np.concatenate(([0], np.cumsum(lens))), b"".join(parts))
+
+
+@dataclass(frozen=True)
+class _IdTable:
+    """Ids of some documents, compact: their UTF-8 bytes in one buffer (an id ~20 bytes, not a ~60-byte ``str``)."""
+
+    docs: np.ndarray  # ascending global indexes
+    offsets: np.ndarray  # id i: data[offsets[i] : offsets[i + 1]]
+    data: bytes
+
+    def get_many(self, idx: np.ndarray) -> list[str]:
+        pos = np.searchsorted(self.docs, idx)
+        lo, hi = self.offsets[pos].tolist(), self.offsets[pos + 1].tolist()
+        return [self.data[a:b].decode("utf-8") for a, b in zip(lo, hi, strict=True)]
 
 
 def _backend_index(cfg: Any, params: dict[str, Any], out_index: Path, prev: tuple[Path, dict] | None,
@@ -281,8 +301,7 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
     from llmpipe.curation.dedup.lsh import DatasketchIndex, ExternalIndex
 
     cfg = ctx.config
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
+    clock = _Clock()
     params = _params(cfg)
     src = ctx.inputs["entities"]
     shards = [{"name": s.name, "sha256": s.sha256, "path": str(s.path)} for s in input_shards(src)]
@@ -317,10 +336,9 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         old_keeper_arr[first : first + ps["n"]] = t.column("keeper").to_numpy()
         first += ps["n"]
     n_old_docs = first
-    timings["load_previous"] = time.perf_counter() - t0
+    clock.lap("load_previous")
 
     # 2. signatures of the new shards, in parallel and cached per shard
-    t1 = time.perf_counter()
     new = shards[n_old:]
     from llmpipe.curation.dedup.minhash import resolve_backend  # numpy: when the stage runs
 
@@ -331,10 +349,9 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
             for s in new]
     items = [(job.shard_key(s["sha256"]), job) for job, s in zip(jobs, new, strict=True)]
     sig_dirs = [d for d, _ in ctx.cached_map(shard_signatures, items, desc="signatures")]
-    timings["signatures"] = time.perf_counter() - t1
+    clock.lap("signatures")
 
     # 3. exact decisions, then LSH candidates over exact-unique new docs
-    t2 = time.perf_counter()
     index, loaded = _backend_index(cfg, params, index_dir, prev, ctx.key)
     if cfg.near and n_old and not loaded:  # the memory index (or another backend's): rebuilt from signatures
         new_keys = _new_band_keys([d / "sig.npy" for d in sig_dirs], params) if cfg.backend == "memory" else None
@@ -364,16 +381,15 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         np.save(work / f"target-{len(per_shard)}.npy", target)  # on disk till step 5: 8 bytes a doc
         per_shard.append({"shard": s, "stem": stem, "dir": d, "first": first, "n": n})
         first += n
-    timings["lsh"] = time.perf_counter() - t2
+    clock.lap("lsh")
 
     # 4. clusters: each new doc joins the first verified keeper among its anchors' keepers (core's rule)
-    t3 = time.perf_counter()
     keeper_new = _disk_array(work / "keepers.npy", first - n_old_docs)  # by (global index - n_old_docs)
     for a in range(0, len(keeper_new), 1 << 20):  # each new document its own keeper, a chunk at a time
         keeper_new[a : a + (1 << 20)] = np.arange(n_old_docs + a, n_old_docs + min(a + (1 << 20), len(keeper_new)))
     texts = core.ShingleSets(lambda text, lang: shingles(
         text, word_ngram=params["word_ngram"], char_ngram=params["char_ngram"], lang=lang,
-        char_ratio=params["char_script_ratio"]), max_bytes=int(cfg.memory_budget_mb * (1 << 20)) // 2)
+        char_ratio=params["char_script_ratio"]), work / "sets")
     start = 0
     for s, size in zip(shards, [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard],
                        strict=True):
@@ -381,27 +397,35 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         start += size
     with tempfile.TemporaryDirectory(prefix=".tmp-edges-", dir=ctx.out) as spill:
         if cfg.near and isinstance(index, ExternalIndex):
-            stream = index.query_new(n_old_docs, first, Path(spill))
+            stream = index.query_new(n_old_docs, first, Path(spill) / "query")
         else:
             stream = iter(edges)
-        # a block's candidate keepers are held as hashed sets: a quarter of the budget for them
-        max_edges = max(1024, int(cfg.memory_budget_mb * (1 << 20)) // 4 // core.SET_BYTES)
-        n_edges = core.decide_near(core.coalesce(stream, max_edges), lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
-                                   texts.jaccard if cfg.verify else None, cfg.threshold,
-                                   texts.prefetch if cfg.verify else None)
+        if cfg.verify:  # a pass to learn the documents the verification reads, each shard once, in order
+            stream = _spill_and_build(stream, texts, Path(spill) / "edges.bin", n_old_docs, old_keeper_arr)
+        n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
+                                   texts.jaccard if cfg.verify else None, cfg.threshold)
+    texts.close()
     edges.clear()
 
-    timings["cluster"] = time.perf_counter() - t3
+    clock.lap("cluster")
 
-    # 5. per-shard decisions + index files, then the filtered outputs, a window of shards at a time:
-    # the driver holds one window's decisions (a byte and an id slot a document), not the corpus's
-    t4 = time.perf_counter()
+    # 5. per-shard decisions (array operations, to scratch), the ids of every keeper they name (each
+    # shard read once), then index files and filtered outputs, a window of shards at a time: the
+    # driver holds one window's decisions (a byte and an id slot a document), not the corpus's
+    named: list[np.ndarray] = []
+    for k, ps in enumerate(per_shard):
+        status, keeper = shard_decisions(np.load(work / f"target-{k}.npy"), ps["first"], n_old_docs,
+                                         old_keeper_arr, keeper_new, cfg.near)
+        np.save(work / f"status-{k}.npy", status)
+        np.save(work / f"keeper-{k}.npy", keeper)
+        named.append(np.unique(keeper[status != core.KEPT]))
+    keeper_names = ids.table(np.unique(np.concatenate(named)) if named else np.zeros(0, np.int64))
+    del named
     for w in range(0, len(per_shard), WRITE_WINDOW):
         splits = []
         for k in range(w, min(w + WRITE_WINDOW, len(per_shard))):
             ps = per_shard[k]
-            status, keeper = shard_decisions(np.load(work / f"target-{k}.npy"), ps["first"], n_old_docs,
-                                             old_keeper_arr, keeper_new, cfg.near)
+            status, keeper = np.load(work / f"status-{k}.npy"), np.load(work / f"keeper-{k}.npy")
             row_ids = read_columns(ps["dir"] / "ids.parquet").column("id").to_pylist()
             shard_index = index_dir / "shards" / ps["stem"]
             link_file(ps["dir"] / "sig.npy", shard_index / "sig.npy")
@@ -411,14 +435,14 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
                            shard_index / "docs.parquet")
             keeper_ids: list[str | None] = [None] * ps["n"]
             removed = np.flatnonzero(status != core.KEPT)
-            for r, kid in zip(removed.tolist(), ids.get_many(keeper[removed]), strict=True):
+            for r, kid in zip(removed.tolist(), keeper_names.get_many(keeper[removed]), strict=True):
                 keeper_ids[r] = kid
             splits.append(SplitJob(ps["shard"]["path"], str(ctx.out), ps["shard"]["name"], status, keeper_ids))
         ctx.map(write_filtered, splits)
     if isinstance(index, DatasketchIndex):
         index.save(index_dir)
         index.close()
-    timings["write"] = time.perf_counter() - t4
+    clock.lap("write")
 
     stats = _funnel(ctx, shards)
     stats.update({
@@ -426,7 +450,8 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
         "bands": params["bands"], "rows": params["rows"], "backend": cfg.backend,
         "lsh_inserts": index.inserts, "lsh_queries": index.queries, "edges_candidate": int(n_edges),
         "edges_verified": int(texts.computed), "verify_shard_reads": int(texts.reads),
-        "id_shard_reads": int(ids.reads), "seconds": {k: round(v, 3) for k, v in timings.items()},
+        "id_shard_reads": int(ids.reads),
+        "exact_run_reads": int(exact_index.run_reads), "exact_records_merged": int(exact_index.merged_records), "seconds": clock.wall, "cpu_seconds": clock.cpu,
     })
     sizes = [p["n"] for p in (prev[1]["shards"] if prev else [])] + [p["n"] for p in per_shard]
     meta = {"params": params, "backend": cfg.backend,
@@ -457,6 +482,19 @@ def shard_decisions(target: np.ndarray, first: int, n_old_docs: int, old_keepers
         moved = np.flatnonzero((target < 0) & (own != keeper))
         status[moved], keeper[moved] = core.NEAR, own[moved]
     return status, keeper
+
+
+def _spill_and_build(stream: Any, texts: Any, path: Path, n_old_docs: int, old_keepers: np.ndarray) -> Any:
+    """The edge stream spilled to ``path`` while the documents it can verify are collected; their
+    shingle sets built (:meth:`core.ShingleSets.build`); the edges, read back in the same order."""
+    spilled = core.EdgeSpill(path)
+    want: list[np.ndarray] = []
+    for chunk in stream:
+        spilled.add(chunk)
+        if len(chunk):
+            want.append(core.needed(chunk, n_old_docs, lambda a: np.asarray(old_keepers[a], np.int64)))
+    texts.build(np.unique(np.concatenate(want)) if want else np.zeros(0, np.int64))
+    return iter(spilled)
 
 
 def _new_band_keys(sig_paths: list[Path], params: dict[str, Any]) -> list[np.ndarray]:
