@@ -48,36 +48,15 @@ class Segment:
     n: int
     path: Path  # (n, num_perm) uint32
 
-    def open(self) -> np.ndarray:
-        return np.load(self.path, mmap_mode="r")
-
 
 class SigStore:
-    """Signatures by global document index across segments.
-
-    Each gather maps the file, copies the rows it needs and drops the mapping, so the pages it
-    touched leave the resident set: memory stays bounded by the batch, not by the corpus.
-    """
+    """The shards' signature files in global order (a refresh rebuilds the memory index from them)."""
 
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = sorted(segments, key=lambda s: s.first)
-        self.firsts = np.array([s.first for s in self.segments], dtype=np.int64)
 
     def add(self, seg: Segment) -> None:
         self.segments.append(seg)
-        self.firsts = np.append(self.firsts, seg.first)
-
-    def gather(self, idx: np.ndarray) -> np.ndarray:
-        which = np.searchsorted(self.firsts, idx, side="right") - 1
-        num_perm = self.segments[0].open().shape[1]
-        out = np.empty((len(idx), num_perm), dtype=np.uint32)
-        for w in np.unique(which):
-            sel = np.flatnonzero(which == w)
-            seg = self.segments[int(w)]
-            mm = seg.open()
-            out[sel] = mm[idx[sel] - seg.first]
-            del mm
-        return out
 
 
 class ExactIndex:

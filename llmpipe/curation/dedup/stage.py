@@ -402,6 +402,7 @@ def _dedup(ctx: StageContext, work: Path) -> dict[str, Any]:
             stream = iter(edges)
         if cfg.verify:  # a pass to learn the documents the verification reads, each shard once, in order
             stream = _spill_and_build(stream, texts, Path(spill) / "edges.bin", n_old_docs, old_keeper_arr)
+            edges.clear()  # on disk now
         n_edges = core.decide_near(stream, lambda i: int(old_keeper_arr[i]), keeper_new, n_old_docs,
                                    texts.jaccard if cfg.verify else None, cfg.threshold)
     texts.close()
