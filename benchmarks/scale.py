@@ -213,7 +213,7 @@ def run_size(docs: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             _stage_line(docs, name, stages[name])
     st = arts["dedup"].stats
     dedup = {k: st.get(k) for k in ("edges_candidate", "edges_verified", "verify_shard_reads", "id_shard_reads",
-                                       "seconds")}
+                                       "exact_run_reads", "seconds", "cpu_seconds")}
     return {"docs": docs, "gen_s": gen_s, "planted": planted, "stages": stages, "dedup": dedup,
             "ingested": arts["ingest"].stats.get("ingested"), "kept": st.get("kept"),
             "maxrss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
