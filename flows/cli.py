@@ -424,8 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "model and the API in front of it; vllm: vLLM's own OpenAI server on the deployed checkpoint "
                     "(its CPU build from .venv-vllm, which `make test` builds, or LLMPIPE_VLLM_PYTHON)")
     sv.add_argument("--enforce-eager", action="store_true", help="with --engine vllm: vLLM's --enforce-eager (no "
-                    "torch.compile at start-up: on CPU it answers in seconds instead of after a minute or more; "
-                    "the same tokens, uncompiled decode)")
+                    "torch.compile at start-up: 25-70 s less of a start of its CPU build on 2 cores; the same "
+                    "tokens, uncompiled decode)")
     sv.set_defaults(func=cmd_serve)
 
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")

@@ -78,9 +78,9 @@ class DeployConfig(Section):
                                                             "slo_p99_ms bounds, at every load_concurrency level")
     startup_timeout_s: float = run_setting(180.0, gt=0)
     vllm_enforce_eager: bool = run_setting(False, description="engine vllm: start vLLM's server with "
-                                           "--enforce-eager (no torch.compile at start-up: its CPU build answers "
-                                           "in seconds instead of after a minute or more; the same tokens, "
-                                           "uncompiled decode)")
+                                           "--enforce-eager (no torch.compile at start-up: 25-70 s less of a "
+                                           "start of its CPU build on 2 cores; the same tokens, uncompiled "
+                                           "decode)")
 
     @model_validator(mode="before")
     @classmethod

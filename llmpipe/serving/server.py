@@ -407,7 +407,7 @@ def main_serve_vllm(artifact_dir: str | Path | None = None, config: str | Path |
                     api_port: int = 8080, api_host: str = "127.0.0.1", api_key: str | None = None,
                     startup_timeout_s: float = 600.0, enforce_eager: bool = False) -> int:
     """``llmpipe serve --engine vllm``: vLLM's own OpenAI server on the deployed checkpoint until Ctrl-C
-    (``enforce_eager``: vLLM's ``--enforce-eager``, a start in seconds instead of a minute of compiling).
+    (``enforce_eager``: vLLM's ``--enforce-eager``, a start without torch.compile).
 
     The same ``/v1`` API and model name as our engine's front end, served by vLLM
     (:mod:`llmpipe.serving.vllm_engine`: its CPU build in its own environment, or the GPU build).

@@ -16,9 +16,10 @@ engine process end with the process that started them.
 On CPU, the 4-bit (W4A16) kernel takes 16-bit activations only, so a quantized checkpoint is served in
 bfloat16 and a full-precision one in its own dtype (:func:`serving_dtype`); ``VLLM_CPU_KVCACHE_SPACE``
 (GiB) sizes the KV cache. ``enforce_eager`` passes vLLM's ``--enforce-eager``: no torch.compile of the
-model at start-up, which on the CPU build is most of the start (a tiny model answered after 35 s instead
-of 180 s on a loaded 2-core machine: its engine's warm-up took 0.7 s instead of 72 s); the served
-tokens are the same, decode runs uncompiled. Off by default (vLLM's own default, its fastest decode).
+model at start-up, the largest part of a start on the CPU build after the imports (a tiny model on a
+shared 2-core machine: the engine's warm-up 0.7 s instead of 25 s at load 5, 72 s at load 10; the server
+answered after 64 s instead of 86 s); the served tokens are the same, decode runs uncompiled. Off by
+default (vLLM's own default, its fastest decode).
 """
 
 from __future__ import annotations
