@@ -23,7 +23,7 @@ latency; then each engine's medians over the rounds; the last line: the median o
 median of vLLM's. Without vLLM the script says so and exits 2.
 
     .venv/bin/python benchmarks/serve_vs_vllm.py [--rounds 3] [--requests 128] [--clients 8] [--max-tokens 64]
-        [--stream-linger-ms 8] [--quick]
+        [--stream-linger-ms 8] [--enforce-eager] [--quick]
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def ours(repo: Path, tmp: Path, args: argparse.Namespace) -> Iterator[str]:
 def vllm(repo: Path, tmp: Path, args: argparse.Namespace) -> Iterator[str]:
     """vLLM's OpenAI server on the same repository's checkpoint."""
     name, checkpoint = deployed_checkpoint(repo)
-    with vllm_server(checkpoint, tmp / "vllm.log", model_name=name, threads=args.threads, startup_timeout=900) as s:
+    with vllm_server(checkpoint, tmp / "vllm.log", model_name=name, threads=args.threads, startup_timeout=900,
+                     enforce_eager=args.enforce_eager) as s:
         yield warm(s.base_url)
 
 
@@ -128,10 +129,12 @@ def main() -> None:
                     help="compute threads of each engine")
     ap.add_argument("--stream-linger-ms", type=float, default=DeployConfig().stream_linger_ms,
                     help="our streaming model's deploy.stream_linger_ms (0: a response per token as it comes)")
-    ap.add_argument("--quick", action="store_true", help="the test suite's small run (not a figure)")
+    ap.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile (starts in seconds; "
+                    "not its fastest decode, so not for the figure)")
+    ap.add_argument("--quick", action="store_true", help="the test suite's small run (not a figure; --enforce-eager)")
     args = ap.parse_args()
     if args.quick:
-        args.rounds, args.requests, args.clients, args.max_tokens = 1, 8, 4, 8
+        args.rounds, args.requests, args.clients, args.max_tokens, args.enforce_eager = 1, 8, 4, 8, True
     if vllm_python() is None and vllm_python(base=ROOT) is None:
         print("vLLM is not installed: scripts/install.sh --test builds .venv-vllm (or set LLMPIPE_VLLM_PYTHON)",
               file=sys.stderr)

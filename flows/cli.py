@@ -296,7 +296,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_CONFIG
         return int(main_serve_vllm(args.artifact, config=args.config, api_port=args.api_port,
-                                   api_host=args.api_host, api_key=api_key) or 0)
+                                   api_host=args.api_host, api_key=api_key, enforce_eager=args.enforce_eager) or 0)
+    if args.enforce_eager:
+        print("llmpipe serve: --enforce-eager is vLLM's flag (with --engine vllm)", file=sys.stderr)
+        return EXIT_CONFIG
     return int(main_serve(args.artifact, config=args.config, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, monitor_dir=monitor_dir,
                           prometheus_port=args.prometheus_port, alertmanager_port=args.alertmanager_port,
@@ -420,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "artifact's deploy.json records (deploy.engine). llmpipe (or triton): Triton with our "
                     "model and the API in front of it; vllm: vLLM's own OpenAI server on the deployed checkpoint "
                     "(its CPU build from .venv-vllm, which `make test` builds, or LLMPIPE_VLLM_PYTHON)")
+    sv.add_argument("--enforce-eager", action="store_true", help="with --engine vllm: vLLM's --enforce-eager (no "
+                    "torch.compile at start-up: 25-70 s less of a start of its CPU build on 2 cores; the same "
+                    "tokens, uncompiled decode)")
     sv.set_defaults(func=cmd_serve)
 
     se = sub.add_parser("server", help="start a local Prefect server (UI) with state under the state dir")

@@ -77,6 +77,10 @@ class DeployConfig(Section):
     slo_figure: Literal["e2e", "ttft", "itl"] = run_setting("e2e", description="the latency whose p99 "
                                                             "slo_p99_ms bounds, at every load_concurrency level")
     startup_timeout_s: float = run_setting(180.0, gt=0)
+    vllm_enforce_eager: bool = run_setting(False, description="engine vllm: start vLLM's server with "
+                                           "--enforce-eager (no torch.compile at start-up: 25-70 s less of a "
+                                           "start of its CPU build on 2 cores; the same tokens, uncompiled "
+                                           "decode)")
 
     @model_validator(mode="before")
     @classmethod

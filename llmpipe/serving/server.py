@@ -405,8 +405,9 @@ def deployed_checkpoint(artifact_dir: Path) -> tuple[str, Path]:
 
 def main_serve_vllm(artifact_dir: str | Path | None = None, config: str | Path | None = None,
                     api_port: int = 8080, api_host: str = "127.0.0.1", api_key: str | None = None,
-                    startup_timeout_s: float = 600.0) -> int:
-    """``llmpipe serve --engine vllm``: vLLM's own OpenAI server on the deployed checkpoint until Ctrl-C.
+                    startup_timeout_s: float = 600.0, enforce_eager: bool = False) -> int:
+    """``llmpipe serve --engine vllm``: vLLM's own OpenAI server on the deployed checkpoint until Ctrl-C
+    (``enforce_eager``: vLLM's ``--enforce-eager``, a start without torch.compile).
 
     The same ``/v1`` API and model name as our engine's front end, served by vLLM
     (:mod:`llmpipe.serving.vllm_engine`: its CPU build in its own environment, or the GPU build).
@@ -418,7 +419,7 @@ def main_serve_vllm(artifact_dir: str | Path | None = None, config: str | Path |
     try:
         with interrupt_on(signal.SIGTERM, signal.SIGHUP), \
                 vllm_server(checkpoint, log_path, host=api_host, port=api_port or None, model_name=name,
-                            api_key=api_key, startup_timeout=startup_timeout_s) as server:
+                            api_key=api_key, startup_timeout=startup_timeout_s, enforce_eager=enforce_eager) as server:
             print(f"OpenAI-compatible API (vLLM): {server.base_url}  (model {name}"
                   f"{', API key required' if api_key else ''}; log {log_path}); Ctrl-C stops", flush=True)
             while server.process.alive():

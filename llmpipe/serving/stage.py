@@ -142,7 +142,8 @@ def verify_vllm(ctx: StageContext, cfg: DeployConfig) -> dict[str, Any]:
     ctx.progress("start vLLM", 0, 3)
     with tempfile.TemporaryDirectory(prefix="llmpipe-vllm-") as tmp, \
             vllm_server(checkpoint, Path(tmp) / "vllm.log", model_name=name, threads=_threads(),
-                        startup_timeout=max(cfg.startup_timeout_s, VLLM_STARTUP_S)) as api:
+                        startup_timeout=max(cfg.startup_timeout_s, VLLM_STARTUP_S),
+                        enforce_eager=cfg.vllm_enforce_eager) as api:
         smoke = loadtest.api_smoke_test(api.base_url, name)
         ctx.progress("streaming load test", 1, 3)
         stream = loadtest.api_stream_load_test(

@@ -60,7 +60,8 @@ def test_openai_client_against_llmpipe_serve_engine_vllm(pretrain_dir: Path, tmp
     llmpipe = Path(sys.executable).parent / "llmpipe"  # the console script, as a user runs it
     env = {**os.environ, "LLMPIPE_VLLM_PYTHON": str(vllm_python(base=ROOT)), "OMP_NUM_THREADS": "1",
            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # a shared machine: no pinning to cores others use
-    cmd = [str(llmpipe), "serve", str(deploy), "--engine", "vllm", "--api-port", str(port), "--api-key", "k"]
+    cmd = [str(llmpipe), "serve", str(deploy), "--engine", "vllm", "--api-port", str(port), "--api-key", "k",
+           "--enforce-eager"]  # no torch.compile: a start in seconds, not a minute (the same greedy tokens)
     with ManagedProcess(cmd, tmp_path / "serve.log", env=env, name="llmpipe-serve") as serve:
         wait_for_http(f"http://127.0.0.1:{port}/health", timeout=600, proc=serve)
         base_url = f"http://127.0.0.1:{port}/v1"

@@ -51,7 +51,7 @@ def test_stage_writes_repository_with_the_configured_version(tmp_path: Path, tin
 @pytest.mark.skipif(not srv.available(), reason="no Triton binary: run scripts/install.sh")
 def test_stage_verifies_on_a_real_server(tmp_path: Path, tiny_checkpoint: Path) -> None:
     cfg = DeployConfig(load_clients=4, load_requests=16, load_max_tokens=4, load_concurrency=[1, 4],
-                       slo_figure="ttft", slo_p99_ms=60_000)
+                       slo_figure="ttft", slo_p99_ms=60_000, vllm_enforce_eager=True)  # start without compiling
     ctx = _ctx(tmp_path, tiny_checkpoint, cfg, "k1")
     stats = run_deploy(ctx)
     assert stats["verified"] and stats["requests"] == 16 and stats["p99_ms"] > 0

@@ -7,6 +7,11 @@ replicas on 8: 3-D) and the
 two-"node" loopback run is then killed after step 5, resumed
 from its step-3 checkpoint, and must reproduce the reference loss at every step: bitwise for DDP,
 within 1e-5 for the others (all are the same fp32 math on the same global batches).
+
+The model-parallel layouts are also compared with one process, loss and gradient norm at every step.
+Each layout's killed-and-resumed run is made once (:func:`kill_resume_runs`) and checked by both
+tests: a torchrun start of 4-8 workers on 2 cores is mostly imports (the 3-D run took 36 s a start),
+and a second, uninterrupted run of the same layout only for the one-process comparison repeated it.
 """
 
 from __future__ import annotations
@@ -156,12 +161,29 @@ STRATEGY_CASES = {
 PARALLEL_CASES = {**STRATEGY_CASES, "pipeline2_gpipe": {"parallel": {"pipeline": 2, "schedule": "gpipe"}}}
 
 
+@pytest.fixture(scope="module")
+def kill_resume_runs(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train,
+                     worker_spec) -> Any:
+    """``run(case)``: the folder of ``case``'s killed-and-resumed run (:func:`_kill_and_resume`), made on
+    the first call and reused by the later ones (its metrics.jsonl holds steps 1..6, ``export/`` the model)."""
+    done: dict[str, Path] = {}
+
+    def run(case: str) -> Path:
+        if case not in done:
+            root = tmp_path_factory.mktemp(f"kill-resume-{case}")
+            _kill_and_resume(root, packed, worker_spec, tiny_train(**STRATEGY_CASES[case]))
+            done[case] = root
+        return done[case]
+
+    return run
+
+
 @pytest.mark.parametrize("case", list(STRATEGY_CASES))
-def test_strategy_kill_resume_export(case: str, reference: dict[str, Any], tmp_path: Path, packed: Path,
-                                     tiny_train, worker_spec) -> None:
+def test_strategy_kill_resume_export(case: str, reference: dict[str, Any], kill_resume_runs: Any) -> None:
     from transformers import AutoModelForCausalLM
 
-    losses = _kill_and_resume(tmp_path, packed, worker_spec, tiny_train(**STRATEGY_CASES[case]))
+    tmp_path = kill_resume_runs(case)
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     ref = reference["losses"]
     if case == "ddp":
         assert losses == ref  # bitwise
@@ -220,24 +242,40 @@ def _losses(root: Path, packed: Path, worker_spec, train: dict[str, Any]) -> lis
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train, worker_spec) -> list[dict[str, Any]]:
-    """10 steps in one process: the reference of the model-parallel runs."""
+    """10 steps in one process: the reference of the uninterrupted model-parallel runs."""
     train = tiny_train(max_steps=10, checkpoint={"every": 0}, launch={"nproc_per_node": 1})
     return _losses(tmp_path_factory.mktemp("one"), packed, worker_spec, train)
 
 
+@pytest.fixture(scope="module")
+def one_process_6(tmp_path_factory: pytest.TempPathFactory, packed: Path, tiny_train,
+                  worker_spec) -> list[dict[str, Any]]:
+    """The kill/resume runs' 6 steps (the schedule follows max_steps) in one process, uninterrupted."""
+    train = tiny_train(checkpoint={"every": 0}, launch={"nproc_per_node": 1})
+    return _losses(tmp_path_factory.mktemp("one6"), packed, worker_spec, train)
+
+
 @pytest.mark.parametrize("case", ["tensor2", "fsdp2_x_tensor2", "pipeline2", "pipeline2_gpipe", "pipeline2_x_data2",
                                   "pipeline2_x_tensor2", "pipeline2_x_tensor2_x_data2"])
-def test_tensor_parallel_matches_one_process(case: str, one_process: list[dict[str, Any]], tmp_path: Path,
+def test_tensor_parallel_matches_one_process(case: str, request: pytest.FixtureRequest, tmp_path: Path,
                                              packed: Path, tiny_train, worker_spec) -> None:
     """Tensor parallel (heads and MLP split, DTensor) on 2 ranks, FSDP2 x TP on 4, 2 pipeline
     stages (1F1B and GPipe), 2 stages x 2 FSDP2 replicas on 4, 2 stages x 2 tensor ranks on 4 and the
-    3-D 2 x 2 x 2 on 8, against one process over 10 steps: the same global batches, so the same
-    losses and gradient norms up to float summation order."""
-    tp = _losses(tmp_path, packed, worker_spec, tiny_train(**PARALLEL_CASES[case], max_steps=10,
-                                                          checkpoint={"every": 0}))
-    assert [m["step"] for m in tp] == list(range(1, 11))
-    assert json.loads((tmp_path / "summary.json").read_text())["engine"] == ("pp" if "pipeline" in case else "tp")
-    one = one_process
+    3-D 2 x 2 x 2 on 8, against one process: the same global batches, so the same losses and gradient
+    norms up to float summation order. A layout with a kill/resume case is checked on that run (6 steps,
+    killed after step 5 and resumed from step 3) against one process's 6 steps; GPipe, which has none,
+    on an uninterrupted run of 10 steps against one process's 10."""
+    if case in STRATEGY_CASES:
+        steps, tp_dir = 6, request.getfixturevalue("kill_resume_runs")(case)
+        one = request.getfixturevalue("one_process_6")
+    else:
+        steps, tp_dir = 10, tmp_path
+        _losses(tp_dir, packed, worker_spec, tiny_train(**PARALLEL_CASES[case], max_steps=10, checkpoint={"every": 0}))
+        one = request.getfixturevalue("one_process")
+    assert not list(tp_dir.glob("errors/*.fatal"))  # no rank died of a signal (SIGSEGV, SIGABRT, ...)
+    tp = [json.loads(x) for x in (tp_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in tp] == [m["step"] for m in one] == list(range(1, steps + 1))
+    assert json.loads((tp_dir / "summary.json").read_text())["engine"] == ("pp" if "pipeline" in case else "tp")
     assert one[-1]["loss"] < one[0]["loss"] - 0.2  # it learns, so the comparison means something
     for key in ("loss", "grad_norm"):
         diff = max(abs(a[key] - b[key]) for a, b in zip(one, tp, strict=True))
