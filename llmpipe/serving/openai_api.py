@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the endpoints' (string) annotations here
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 log = logging.getLogger(__name__)
@@ -448,7 +449,7 @@ def load_state(cfg: ApiConfig) -> State:
 def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
     """The FastAPI app of the front end (served by :func:`serve_api`, or by any ASGI server)."""
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse
 
     st = state or load_state(cfg)
 
@@ -498,7 +499,7 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
         _auth(request)
         req = _parse(CompletionRequest, await _json(request))
         prompts = _prompts(st, req.prompt)
-        return await _serve(st, req, prompts, "text_completion", StreamingResponse)
+        return await _serve(st, req, prompts, "text_completion", EventStream)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
@@ -506,7 +507,7 @@ def create_app(cfg: ApiConfig, state: State | None = None) -> Any:
         req = _parse(ChatCompletionRequest, await _json(request))
         if req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
-        return await _serve(st, req, [_chat_ids(st, req.messages)], "chat.completion", StreamingResponse)
+        return await _serve(st, req, [_chat_ids(st, req.messages)], "chat.completion", EventStream)
 
     return app
 
@@ -691,8 +692,8 @@ async def _serve(st: State, req: _Request, prompts: list[list[int]], kind: str, 
             return _body(st, req, rid, created, kind, jobs, answers)
         # the first response of every choice before the 200: a refusal (429, 400) is an HTTP status
         streams = [_Choice(i, job, st.engine.stream(job), StopScan(stops), st.eos) for i, job in enumerate(jobs)]
-        try:
-            await asyncio.gather(*(c.prime() for c in streams))
+        try:  # one choice (the common request) awaited here: gather's task is a turn of the loop more
+            await (streams[0].prime() if len(streams) == 1 else asyncio.gather(*(c.prime() for c in streams)))
         except BaseException:
             await asyncio.gather(*(c.close() for c in streams), return_exceptions=True)
             raise
@@ -700,7 +701,9 @@ async def _serve(st: State, req: _Request, prompts: list[list[int]], kind: str, 
         slot.release()
         raise
     events = _events(st, req, rid, created, kind, streams, slot, t0, endpoint)
-    return streaming_response(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    # the events up to the first piece of text: a role chunk per choice first in a chat
+    lead = (len(streams) if chat else 0) + 1
+    return streaming_response(events, lead=lead, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def _whole(st: State, job: Job, stops: list[str]) -> tuple[Answer, list[int]]:
@@ -730,6 +733,44 @@ def _body(st: State, req: _Request, rid: str, created: int, kind: str, jobs: lis
                    for i, (a, _) in enumerate(answers)]
     return {"id": rid, "object": kind, "created": created, "model": st.cfg.name, "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+class EventStream(StreamingResponse):
+    """Starlette's streamed response whose headers and first ``lead`` events are sent by the task that
+    calls it (the request's), before Starlette's task group starts the rest.
+
+    Starlette streams from a task it starts beside the one that listens for the client's disconnect;
+    that task runs only after everything already waiting on the event loop (the other streams'
+    engine responses and events), so the first token, in hand when the handler returns, waited a
+    turn of a busy loop before it left (traced through the server: 7 ms median from the engine's
+    first response to its event at 8 streams on 2 busy cores). The rest of the stream, and the
+    disconnect listener (a client gone while the lead was sent is seen at once after it), are
+    Starlette's."""
+
+    def __init__(self, content: AsyncIterator[str], lead: int = 1, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.lead, self.started = lead, False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self.started:
+            self.started = True
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            for _ in range(self.lead):
+                try:
+                    event = await self.body_iterator.__anext__()
+                except StopAsyncIteration:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                await send({"type": "http.response.body", "body": event.encode(self.charset), "more_body": True})
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Any) -> None:
+        if not self.started:  # not through __call__'s lead (a websocket scope): all of it, as Starlette does
+            await super().stream_response(send)
+            return
+        async for event in self.body_iterator:
+            await send({"type": "http.response.body", "body": event.encode(self.charset), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class _Choice:

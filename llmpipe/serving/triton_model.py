@@ -38,6 +38,7 @@ look the way they do:
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import json
@@ -814,6 +815,14 @@ class Outbox:
     first token, a last one or an error ends a linger under way (``wake``), so it never waits for
     one (TTFT); a later token waits at most ``linger_s``, and a client's mean gap between tokens is
     unchanged (the same tokens arrive in fewer, fuller events).
+
+    A stream's first tokens (before its first response) skip the queue: they wait in a lane of their
+    own (``first``), sent before each send of a round. A round of 8 streams' sends took 4-8 ms on 2
+    busy cores, and a newcomer's first token put while one was under way waited for the rest of it
+    and then for its turn in the next (traced through the server: 5.7 ms median, 60 ms p99 from the
+    token to its send, the largest share of the model's part of TTFT). Order within a stream is
+    kept: nothing of a stream is queued before its first tokens (an error or a close before them
+    ends it), and the lane empties before every later send.
     """
 
     def __init__(self, on_broken: Callable[[Any], None], respond: Callable[[str, list[int]], Any],
@@ -821,33 +830,59 @@ class Outbox:
         self.on_broken, self.respond, self.on_send, self.linger_s = on_broken, respond, on_send, linger_s
         self.round_at = 0.0  # when the last send round began (time.monotonic)
         self.wake = threading.Event()  # set by a send that must not wait: it ends the linger
-        self.queue: queue.Queue[tuple[Any, Any, Any, int]] = queue.Queue()
+        self.queue: queue.Queue[tuple[Any, Any, Any, int] | None] = queue.Queue()  # None: look at ``first``
+        self.first: collections.deque[tuple[Any, Any, Any, int]] = collections.deque()  # first tokens' lane
         self.thread = threading.Thread(target=self._run, name="llmpipe-outbox", daemon=True)
         self.thread.start()
 
     def put(self, stream: Any, sender: Any, response: Any, flags: int) -> None:
-        """``stream``: an object with a ``broken`` flag (set here when a send fails); ``response``: a
-        response, :class:`Tokens`, or None (flags only)."""
+        """``stream``: an object with a ``broken`` flag (set here when a send fails) and a count of
+        its ``responses`` sent (``on_send`` keeps it; absent: 0); ``response``: a response,
+        :class:`Tokens`, or None (flags only)."""
         item = (stream, sender, response, flags)
-        self.queue.put(item)
+        if isinstance(response, Tokens) and not getattr(stream, "responses", 0):
+            self.first.append(item)
+            self.queue.put(None)  # the thread may be waiting for the queue: it looks at the lane
+        else:
+            self.queue.put(item)
         if not _can_wait(item):
             self.wake.set()
 
     def _run(self) -> None:
         while True:
-            waiting = [self.queue.get()]
-            if self.linger_s > 0 and _can_wait(waiting[0]):
+            head = self.queue.get()
+            if head is None:  # first tokens alone: a round of their own (the next tokens linger after it)
+                if self.queue.empty():  # nothing else queued set it: the next tokens may linger again
+                    self.wake.clear()
+                if self.first:
+                    self.round_at = time.monotonic()
+                self._send_first()
+                continue
+            waiting = [head]
+            if self.linger_s > 0 and _can_wait(head):
                 self.wake.wait(max(0.0, self.round_at + self.linger_s - time.monotonic()))
             self.wake.clear()  # what set it is queued: the drain below takes it
             self.round_at = time.monotonic()
             while True:  # everything queued meanwhile: one stream's tokens among it merge
                 try:
-                    waiting.append(self.queue.get_nowait())
+                    item = self.queue.get_nowait()
                 except queue.Empty:
                     break
+                if item is not None:
+                    waiting.append(item)
             for stream, sender, response, flags in coalesce(waiting):
+                self._send_first()  # a first token put meanwhile goes before the rest of the round
                 if sender is None:
                     return
+                self._send(stream, sender, response, flags)
+
+    def _send_first(self) -> None:
+        """Send what waits in the first tokens' lane (a stream's tokens there merged)."""
+        while self.first:
+            taken = []
+            while self.first:
+                taken.append(self.first.popleft())
+            for stream, sender, response, flags in coalesce(taken):
                 self._send(stream, sender, response, flags)
 
     def _send(self, stream: Any, sender: Any, response: Any, flags: int) -> None:
@@ -922,7 +957,8 @@ class StreamScheduler:
     join the running batch at the next step, up to ``max_rows`` rows (the model's ``max_batch_size``),
     the rest wait for a row to free, at most ``max_waiting`` of them (``submit`` hands back the
     streams beyond: the caller refuses them, overloaded, rather than let a queue nobody sees grow
-    without bound). A waiting stream whose client cancelled is dropped before its prefill
+    without bound). A stream that waited (a step or more: no row was free) whose client cancelled
+    is dropped before its prefill
     (``on_cancelled``). A step that raises ends every open stream with ``on_error`` and the thread
     goes on with the next streams. ``report_passes(n)`` gets the forward passes run since its last
     call, every ``PASSES_REPORT_EVERY`` passes and whenever the thread goes idle.
@@ -973,6 +1009,7 @@ class StreamScheduler:
 
     def _run(self) -> None:
         waiting: list[Stream] = []
+        fresh: set[int] = set()  # the streams that came during the last step (not asked whether cancelled)
         while True:
             block = not self.batch and not waiting  # idle: wait for streams; busy: take what came
             if block or self.batch.passes - self.reported >= PASSES_REPORT_EVERY:
@@ -988,11 +1025,13 @@ class StreamScheduler:
                     self._report()
                     return
                 waiting.extend(item)
+                fresh.update(id(s) for s in item)
             room = self.max_rows - len(self.batch)
             joining: list[Stream] = []
             while waiting and len(joining) < room:  # the ones about to be prefilled: did their clients go?
                 take, waiting = waiting[:room - len(joining)], waiting[room - len(joining):]
-                joining += self._drop_cancelled(take)
+                joining += self._drop_cancelled(take, fresh)
+            fresh.clear()
             with self.lock:
                 self.queued -= len(joining)
             try:
@@ -1004,12 +1043,18 @@ class StreamScheduler:
                 self._fail([*open_, *(s for s in joining if not s.done and id(s) not in seen)], e)
             self._report_depth()
 
-    def _drop_cancelled(self, streams: list[Stream]) -> list[Stream]:
-        """The streams whose clients still wait; the others end before any work is spent on them (asked
-        only of streams about to join: each question is a round trip to the server)."""
+    def _drop_cancelled(self, streams: list[Stream], fresh: set[int]) -> list[Stream]:
+        """The streams whose clients still wait; the others end before any work is spent on them.
+
+        Asked only of streams about to join that waited for a row: each question is a round trip to
+        the server on this thread, which every running stream's next step waits for (traced: 2-3 ms
+        from a newcomer's arrival to its join on 2 busy cores), and a stream that came during the
+        last step (``fresh``: ids) is rarely cancelled already; if it was, the outbox's check after
+        its first tokens ends it (``CANCEL_CHECK_EVERY``)."""
         keep, gone = [], []
         for s in streams:
-            (gone if s.cancelled is not None and s.cancelled() else keep).append(s)
+            asked = s.cancelled is not None and id(s) not in fresh
+            (gone if asked and s.cancelled() else keep).append(s)
         if gone:
             with self.lock:
                 self.queued -= len(gone)

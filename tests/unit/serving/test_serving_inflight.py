@@ -341,3 +341,46 @@ def test_a_join_between_running_rows_and_a_free_row_gets_its_solo_tokens(gen: Ge
         batch.step()
     for i, r in enumerate([*reqs, joining]):
         assert [t for t, _ in got[i]] == gen.generate([r])[0], f"stream {i}"
+
+
+def test_only_streams_that_waited_for_a_row_are_asked_whether_their_client_cancelled(
+        gen: Generator, requests: list[GenRequest]) -> None:
+    """One row: the first stream joins the idle batch without a question (each one is a round trip to
+    the server that every running stream's next step waits for); the second waits for the row and is
+    asked before its prefill, and dropped, unprefilled, since its client went."""
+    asked: list[int] = []
+    dropped: list[Stream] = []
+    finished = threading.Event()
+    got: dict[int, list[tuple[int, bool]]] = {}
+
+    def cancelled(i: int, answer: bool):
+        def ask() -> bool:
+            asked.append(i)
+            return answer
+        return ask
+
+    def on_token(tok: int, last: bool) -> bool:
+        got.setdefault(0, []).append((tok, last))
+        if last:
+            finished.set()
+        return False
+
+    sched = StreamScheduler(RunningBatch(gen.model, set(), gen.pad_id, max_rows=1), 1, lambda s, e: None,
+                            on_cancelled=dropped.append)
+    try:
+        first = Stream(requests[4], on_token, cancelled=cancelled(0, False))  # 16 tokens: the row stays taken
+        second = Stream(requests[1], _collector(got, 1), cancelled=cancelled(1, True))
+        sched.submit([first])
+        deadline = time.monotonic() + 30
+        while not got.get(0):
+            assert time.monotonic() < deadline, "the first stream never started"
+            time.sleep(0.001)
+        sched.submit([second])
+        assert finished.wait(60)
+        deadline = time.monotonic() + 30
+        while not dropped:
+            assert time.monotonic() < deadline, "the waiting stream was never asked"
+            time.sleep(0.01)
+    finally:
+        sched.stop()
+    assert asked == [1] and dropped == [second] and 1 not in got

@@ -140,3 +140,22 @@ def test_a_new_streams_first_token_ends_a_linger_under_way() -> None:
     outbox.close()
     assert sorted((r, f) for _, r, f in log) == sorted([(("he", [10]), 0), (("ll", [11]), 0), (("x", [20]), 0),
                                                         (("o", [12]), FINAL), (("y", [21]), FINAL)])
+
+
+def test_a_first_token_put_during_a_round_goes_before_the_rest_of_it() -> None:
+    release, log = threading.Event(), []
+    outbox = Outbox(on_broken=lambda s: None, respond=lambda text, ids: (text, ids))
+    running = [_Stream() for _ in range(3)]
+    for s in running:
+        s.responses = 1  # type: ignore[attr-defined]  # each had its first response: its next tokens queue
+    senders = [_Sender(release, log) for _ in running]
+    for i, (s, sender) in enumerate(zip(running, senders, strict=True)):
+        outbox.put(s, sender, _tokens(str(i), i), 0)
+    time.sleep(0.2)  # the round is under way, stuck in its first send
+    new, new_sender = _Stream(), _Sender(release, log)
+    outbox.put(new, new_sender, _tokens("n", 9), 0)  # a newcomer's first token
+    outbox.put(new, new_sender, _tokens("m", 10), FINAL)  # and its next: still before the round's rest
+    release.set()
+    outbox.close()
+    assert [(sender, r) for sender, r, _ in log] == [
+        (senders[0], ("0", [0])), (new_sender, ("nm", [9, 10])), (senders[1], ("1", [1])), (senders[2], ("2", [2]))]
