@@ -45,6 +45,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 from operator import methodcaller
 from typing import Any
 
@@ -59,11 +60,13 @@ from llmpipe.curation.filters import Filter, ScoredFilter
 from llmpipe.curation.text import (
     TERMINAL_TUPLE,
     BoundedMemo,
+    cached_doc_words,
     check_segmenters,
     count_sentences,
     duplicate_stats,
     is_symbol_word,
     is_unspaced_doc,
+    remember_words,
     segmenter_lang,
     split_words,
     stop_words,
@@ -322,23 +325,34 @@ class C4QualityFilter(ScoredFilter):
         self.s = settings or C4Settings()
         self.default_lang = default_lang
 
-    def _lines(self, doc: Document) -> tuple[dict[str, Any], list[str]]:
+    def _lines(self, doc: Document, want_words: bool = False
+               ) -> tuple[dict[str, Any], list[str], list[tuple[str, ...]] | None]:
+        """(scores, kept lines, the kept lines' words): the words only with ``want_words``, and only
+        where the document's words by line are at hand (split by a filter before, no unspaced
+        script), else None."""
         s = self.s
-        cjk = is_unspaced_doc(doc.text, doc.metadata.get("lang") and doc_lang(doc, self.default_lang))
-        seg = segmenter_lang(doc.text, doc_lang(doc, self.default_lang)) if cjk else None
+        lang = doc_lang(doc, self.default_lang)
+        cjk = is_unspaced_doc(doc.text, doc.metadata.get("lang") and lang)
+        seg = segmenter_lang(doc.text, lang) if cjk else None
         ends = _CJK_END_PUNCT if cjk else _END_PUNCT
         dropped: Counter[str] = Counter()
         kept: list[str] = []
+        split = cached_doc_words(doc.text, lang) if want_words else None
+        by_line = split if split is not None and split.line_ends is not None else None
+        kept_words: list[tuple[str, ...]] | None = [] if by_line is not None else None
         n_sent, doc_rule = 0, None
         lines = doc.text.splitlines()
-        for line in lines:
+        for i, line in enumerate(lines):
             line = line.strip()
             words = words_of(line, seg) if seg else line.split()  # C4's words: whitespace-separated
             if s.max_word_length != -1 and words and max(map(len, words)) > s.max_word_length:
                 dropped["too_long_word"] += 1
                 continue
+            cited = False
             if s.remove_citations:
+                n = len(line)
                 line = _CITATION_RE.sub("", line)
+                cited = len(line) != n  # every citation match has characters
             if s.filter_no_terminal_punct and (not line.endswith(ends) or line.endswith("...")):
                 dropped["no_terminal_punct"] += 1
                 continue
@@ -360,9 +374,11 @@ class C4QualityFilter(ScoredFilter):
                 continue
             n_sent += count_sentences(line)
             kept.append(line)
+            if kept_words is not None and by_line is not None:  # a line without citations keeps its words
+                kept_words.append(words_of(line, lang) if cited else by_line.line(i))
         scores = {"cjk": cjk, "lines": len(lines), "lines_kept": len(kept), "lines_dropped": dict(dropped),
                   "n_sentences": n_sent, "doc_rule": doc_rule}
-        return scores, kept
+        return scores, kept, kept_words
 
     def scores(self, doc: Document) -> dict[str, Any]:
         return self._lines(doc)[0]
@@ -375,13 +391,15 @@ class C4QualityFilter(ScoredFilter):
         return None
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
-        sc, kept = self._lines(doc)
+        sc, kept, kept_words = self._lines(doc, want_words=self.s.remove_lines)
         self.set_scores(doc, sc)
         reason = self.decide(sc)
         if reason is not None:
             return False, reason
         if self.s.remove_lines and sc["lines_kept"] != sc["lines"]:
             doc.text = "\n".join(kept).strip()
+            if kept_words is not None:  # the new text's words, for the filters after (FineWeb): no new split
+                remember_words(doc.text, doc_lang(doc, self.default_lang), tuple(chain.from_iterable(kept_words)))
         return True
 
 

@@ -192,6 +192,35 @@ def test_c4_removes_failing_lines_and_counts_them() -> None:
     assert keep_text.filter(d2) is True and d2.text == text
 
 
+def test_c4_hands_its_rewritten_text_the_words_of_its_kept_lines() -> None:
+    """C4 drops lines; the words of its new text come from the kept lines' words of the document that
+    Gopher quality split (a line that lost a citation is split again), so FineWeb does not split the
+    text twice: on random documents of good, failing, cited and accented lines with every kind of line
+    break, each equals a fresh split of the new text."""
+    import random
+
+    from llmpipe.curation.text import cached_doc_words, words_of
+
+    rng = random.Random(5)
+    lines = [*GOOD_EN.split("\n"), "See the note [1] and [citation needed] here.", "Its value was 3[2].5 in 1,000 runs.",
+             "The café’s “naïve” owner didn’t agree, she said.", "No terminal punctuation here",
+             "Please enable Javascript to view this page.", "Too short.", "[edit] The list ends here today.",
+             "Mail a.b@c.org or see https://x.org/a. for the rest.", "  ", ""]
+    breaks = ["\n", "\r\n", "\n\n", "\u2028", "\x85", "\r"]
+    rewritten = 0
+    for _ in range(400):
+        text = "".join(rng.choice(lines) + rng.choice(breaks) for _ in range(rng.randint(1, 10)))
+        d = doc(text, lang="en")
+        GopherQualityFilter().scores(d)  # splits the document (and caches its words by line)
+        if C4QualityFilter().filter(d) is not True or d.text == text:
+            continue
+        rewritten += 1
+        cached = cached_doc_words(d.text, "en")
+        assert cached is not None and cached.words == words_of(d.text, "en"), repr(text)
+        assert FineWebQualityFilter().scores(d)["list_ratio"] == d.text.count("\n") / max(len(words_of(d.text)), 1)
+    assert rewritten > 100
+
+
 FW_CASES = {
     "empty": ("  \n \n", {}),
     "line_punct_ratio": ("\n".join(f"a long line without punctuation number {i} here" for i in range(10)), {}),
