@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from itertools import chain
 from operator import methodcaller
 from typing import Any
@@ -218,26 +218,25 @@ def _ngrams(words: tuple[str, ...], n: int) -> list[tuple[str, ...]]:
     return list(zip(*[words[i:] for i in range(n)], strict=False))  # the shifted views end early
 
 
-def _top_ngram_chars(words: tuple[str, ...], n: int, sep: int = 1) -> int:
-    """Characters covered by the most frequent n-gram (its words plus n-1 separators of ``sep``
-    characters, times its count); ties: the first seen (a Counter keeps first-seen order)."""
-    counts = Counter(_ngrams(words, n))
-    best = max(counts.values())
-    gram = next(g for g, c in counts.items() if c == best)
-    return (sum(map(len, gram)) + (n - 1) * sep) * best
+def _ngram_chars(words: tuple[str, ...], top_sizes: Collection[int], dup_sizes: Collection[int],
+                 sep: int = 1) -> tuple[dict[int, int], dict[int, int]]:
+    """({n: characters covered by the most frequent n-gram} for ``top_sizes``, {n: characters in
+    repeated n-grams} for ``dup_sizes``), each size up to ``len(words)`` (larger ones are left out).
 
+    Top n-gram: its words plus n-1 separators of ``sep`` characters, times its count; ties go to the
+    first seen; with no n-gram repeated, the first n-gram once. Duplicates: Gopher's scan, left to
+    right, a repeat counts its words' characters and the scan skips past it.
 
-def _dup_ngram_chars(words: tuple[str, ...], sizes: Sequence[int]) -> dict[int, int]:
-    """{n: characters in repeated n-grams} for ascending ``sizes`` (each <= ``len(words)``), each by
-    Gopher's scan: left to right, a repeat counts its words' characters and the scan skips past it.
-
-    Only n-grams that occur more than once can be a repeat or make a later one, so the scan visits
-    those positions alone. And an (n+1)-gram that repeats starts with an n-gram that repeats, so each
-    size looks only at the previous size's repeated positions: after the smallest size, a document's
-    few repeats, not its every word (on most documents, none: every larger size is 0 at once)."""
-    out: dict[int, int] = {}
+    Only n-grams that occur more than once can be a top n-gram seen more than once, a repeat, or make
+    a later repeat, and an (n+k)-gram that repeats starts with an n-gram that repeats, at every one of
+    its positions. So one count of every n-gram of the smallest size is enough: each larger size
+    counts only the n-grams at the positions where the size before repeated (in order, so first-seen
+    order holds), a document's few repeats instead of its every word (on most documents none: every
+    larger size is decided at once)."""
+    out_top: dict[int, int] = {}
+    out_dup: dict[int, int] = {}
     pos: Sequence[int] | None = None  # the positions that can start a repeated n-gram (None: all)
-    for n in sizes:
+    for n in sorted({n for n in (*top_sizes, *dup_sizes) if n <= len(words)}):
         if pos is None:
             grams = _ngrams(words, n)
             pos = range(len(grams))
@@ -246,20 +245,33 @@ def _dup_ngram_chars(words: tuple[str, ...], sizes: Sequence[int]) -> dict[int, 
             grams = [words[p : p + n] for p in pos]
         counts = Counter(grams)
         repeated = [] if len(counts) == len(grams) else [(p, g) for p, g in zip(pos, grams, strict=True) if counts[g] > 1]
-        seen: set[tuple[str, ...]] = set()
-        total, nxt = 0, 0  # nxt: the scan's next position
-        for p, g in repeated:
-            if p < nxt:  # skipped: inside a repeat counted before
-                continue
-            if g in seen:
-                total += sum(map(len, g))
-                nxt = p + n
-            else:
-                seen.add(g)
-                nxt = p + 1
-        out[n] = total
+        if n in top_sizes:
+            best, gram = 1, words[:n]
+            if repeated:
+                best = max(counts.values())
+                gram = next(g for g, c in counts.items() if c == best)
+            out_top[n] = (sum(map(len, gram)) + (n - 1) * sep) * best
+        if n in dup_sizes:
+            out_dup[n] = _dup_scan(repeated, n)
         pos = [p for p, _ in repeated]
-    return out
+    return out_top, out_dup
+
+
+def _dup_scan(repeated: list[tuple[int, tuple[str, ...]]], n: int) -> int:
+    """Gopher's duplicate n-gram scan over the (position, n-gram) of every n-gram seen more than once,
+    in order: the n-grams seen once can neither count nor be skipped into."""
+    seen: set[tuple[str, ...]] = set()
+    total, nxt = 0, 0  # nxt: the scan's next position
+    for p, g in repeated:
+        if p < nxt:  # skipped: inside a repeat counted before
+            continue
+        if g in seen:
+            total += sum(map(len, g))
+            nxt = p + n
+        else:
+            seen.add(g)
+            nxt = p + 1
+    return total
 
 
 class GopherRepetitionFilter(ScoredFilter):
@@ -281,8 +293,8 @@ class GopherRepetitionFilter(ScoredFilter):
         lines = _LINE_RE.split(text)
         l_dup, l_chars = duplicate_stats(lines)
         words = split_words(text, lang)
-        top = {n: _top_ngram_chars(words, n, sep) / n_chars if n <= len(words) else 0.0 for n in self.s.top_n_grams}
-        dup_chars = _dup_ngram_chars(words, sorted(n for n in self.s.dup_n_grams if n <= len(words)))
+        top_chars, dup_chars = _ngram_chars(words, self.s.top_n_grams, self.s.dup_n_grams, sep)
+        top = {n: top_chars[n] / n_chars if n in top_chars else 0.0 for n in self.s.top_n_grams}
         dup = {n: dup_chars[n] / n_chars if n in dup_chars else 0.0 for n in self.s.dup_n_grams}
         return {
             "dup_para_frac": p_dup / len(paras),

@@ -142,23 +142,24 @@ def _top_chars_direct(words: list[str], n: int, sep: int) -> int:
 
 
 def test_ngram_figures_of_the_shortcuts_equal_gophers_scan() -> None:
-    """The duplicate scan restricted to repeated n-grams, each size to the previous size's repeats,
-    and the top n-gram from a Counter give the figures of the plain definitions (random word
-    sequences over small vocabularies: overlapping repeats, repeats inside skipped spans, ties)."""
+    """The duplicate scan and the top n-gram restricted to repeated n-grams, each size to the previous
+    size's repeats (top and duplicate sizes in one chain), give the figures of the plain definitions
+    (random word sequences over small vocabularies: overlapping repeats, repeats inside skipped
+    spans, ties, sizes past the document's length)."""
     import random
 
-    from llmpipe.curation.quality import _dup_ngram_chars, _top_ngram_chars
+    from llmpipe.curation.quality import _ngram_chars
 
     rng = random.Random(3)
-    for _ in range(2000):
+    for _ in range(3000):
         vocab = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 12))]
         words = tuple(rng.choice(vocab) for _ in range(rng.randint(1, 60)))
-        sizes = sorted(rng.sample(range(1, 11), rng.randint(1, 5)))
-        sizes = [n for n in sizes if n <= len(words)]
-        assert _dup_ngram_chars(words, sizes) == {n: _dup_chars_scan(list(words), n) for n in sizes}, words
-        for n in sizes:
-            for sep in (0, 1):
-                assert _top_ngram_chars(words, n, sep) == _top_chars_direct(list(words), n, sep), (words, n)
+        top_sizes = set(rng.sample(range(1, 11), rng.randint(0, 4)))
+        dup_sizes = set(rng.sample(range(1, 11), rng.randint(0, 5)))
+        sep = rng.randint(0, 1)
+        top, dup = _ngram_chars(words, top_sizes, dup_sizes, sep)
+        assert dup == {n: _dup_chars_scan(list(words), n) for n in dup_sizes if n <= len(words)}, words
+        assert top == {n: _top_chars_direct(list(words), n, sep) for n in top_sizes if n <= len(words)}, words
     text = "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3
     d = doc(text)
     GopherRepetitionFilter().filter(d)
