@@ -43,6 +43,7 @@ Every filter computes all its statistics (``scores``) before deciding, and the s
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Collection, Sequence
 from itertools import chain
@@ -240,8 +241,14 @@ def _ngram_chars(words: tuple[str, ...], top_sizes: Collection[int], dup_sizes: 
         if pos is None:
             grams = _ngrams(words, n)
             pos = range(len(grams))
+        elif not pos:  # nothing repeats at this size or beyond: the first n-gram once, no duplicate
+            if n in top_sizes:
+                out_top[n] = sum(map(len, words[:n])) + (n - 1) * sep
+            if n in dup_sizes:
+                out_dup[n] = 0
+            continue
         else:
-            pos = [p for p in pos if p + n <= len(words)]
+            pos = pos[: bisect_right(pos, len(words) - n)]  # ascending: those where an n-gram fits
             grams = [words[p : p + n] for p in pos]
         counts = Counter(grams)
         repeated = [] if len(counts) == len(grams) else [(p, g) for p, g in zip(pos, grams, strict=True) if counts[g] > 1]
@@ -356,19 +363,27 @@ class C4QualityFilter(ScoredFilter):
         lines = doc.text.splitlines()
         for i, line in enumerate(lines):
             line = line.strip()
-            words = words_of(line, seg) if seg else line.split()  # C4's words: whitespace-separated
-            if s.max_word_length != -1 and words and max(map(len, words)) > s.max_word_length:
+            if seg:
+                words = words_of(line, seg)
+                n_words = len(words)
+                too_long = s.max_word_length != -1 and bool(words) and max(map(len, words)) > s.max_word_length
+            else:  # C4's words: whitespace-separated
+                too_long = s.max_word_length != -1 and len(line) > s.max_word_length and max(
+                    map(len, line.split())) > s.max_word_length  # no word is longer than its line
+                # only whether there are min_words_per_line words: split no further (the count is exact below it)
+                n_words = len(line.split(None, s.min_words_per_line))
+            if too_long:
                 dropped["too_long_word"] += 1
                 continue
             cited = False
-            if s.remove_citations:
+            if s.remove_citations and "[" in line:  # every citation starts with one
                 n = len(line)
                 line = _CITATION_RE.sub("", line)
                 cited = len(line) != n  # every citation match has characters
             if s.filter_no_terminal_punct and (not line.endswith(ends) or line.endswith("...")):
                 dropped["no_terminal_punct"] += 1
                 continue
-            if len(words) < s.min_words_per_line:
+            if n_words < s.min_words_per_line:
                 dropped["too_few_words"] += 1
                 continue
             low = line.lower()

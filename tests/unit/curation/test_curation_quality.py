@@ -222,6 +222,30 @@ def test_c4_hands_its_rewritten_text_the_words_of_its_kept_lines() -> None:
     assert rewritten > 100
 
 
+def test_c4_word_rules_count_whitespace_words_as_defined() -> None:
+    """C4 splits a line only as far as its rules need (no word is longer than its line; the word count
+    only below ``min_words_per_line``): the lines dropped for long words and for too few words are
+    those of the plain definition, ``line.split()``, on random lines and settings."""
+    import random
+
+    rng = random.Random(9)
+    for _ in range(300):
+        max_len, min_words = rng.choice([-1, 0, 3, 8, 40]), rng.choice([-1, 0, 1, 3, 5])
+        lines = [" ".join("x" * rng.randint(1, 12) for _ in range(rng.randint(0, 7))) + rng.choice([".", "", "!"])
+                 for _ in range(rng.randint(1, 8))]
+        f = C4QualityFilter(C4Settings(max_word_length=max_len, min_words_per_line=min_words, min_num_sentences=-1))
+        want: dict[str, int] = {}
+        for line in "\n".join(lines).splitlines():
+            words = line.strip().split()
+            if max_len != -1 and words and max(map(len, words)) > max_len:
+                want["too_long_word"] = want.get("too_long_word", 0) + 1
+            elif not line.strip().endswith((".", "!")):
+                want["no_terminal_punct"] = want.get("no_terminal_punct", 0) + 1
+            elif len(words) < min_words:
+                want["too_few_words"] = want.get("too_few_words", 0) + 1
+        assert f.scores(doc("\n".join(lines)))["lines_dropped"] == want, (lines, max_len, min_words)
+
+
 FW_CASES = {
     "empty": ("  \n \n", {}),
     "line_punct_ratio": ("\n".join(f"a long line without punctuation number {i} here" for i in range(10)), {}),
