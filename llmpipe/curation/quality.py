@@ -331,6 +331,8 @@ _CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 _END_PUNCT = (".", "?", "!", '"', "'")
 _CJK_END_PUNCT = _END_PUNCT + ("。", "！", "？", "」", "』", "”", "）")
 _POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+# (the filter searches the two without "cookie" first, the others only in a line with "cookie": the same
+# lines, a third of the searches; a test checks the phrases)
 
 
 class C4QualityFilter(ScoredFilter):
@@ -396,7 +398,8 @@ class C4QualityFilter(ScoredFilter):
             if s.filter_curly_bracket and "{" in line:
                 doc_rule = "curly_bracket"
                 break
-            if s.filter_policy and any(p in low for p in _POLICY):
+            if s.filter_policy and ("terms of use" in low or "privacy policy" in low
+                                    or ("cookie" in low and any(p in low for p in _POLICY))):
                 dropped["policy"] += 1
                 continue
             n_sent += count_sentences(line)

@@ -247,6 +247,18 @@ _SENT_END_RE = regex.compile(
     r"|(?<=\p{Ll})[.!?](?=\p{Lu})")
 
 
+def _sent_end_ascii() -> re.Pattern[str]:
+    """``_SENT_END_RE`` for ASCII text, on the standard ``re`` module (no Unicode property to test per
+    character): the same alternatives, each class reduced to its ASCII members (the full-width
+    terminals have none); a test compares the matches on random ASCII text."""
+    term, close = _ascii_class(r"\p{Sentence_Terminal}"), _ascii_class(r"[\"'”’»)\]」』）]")
+    space, lower, upper = _ascii_class(r"\s"), _ascii_class(r"\p{Ll}"), _ascii_class(r"\p{Lu}")
+    return re.compile(rf"(?<!\.)(?!\.\.)[{term}]+[{close}]*(?=[{space}]|$)|(?<=[{lower}])[.!?](?=[{upper}])")
+
+
+_SENT_END_ASCII = _sent_end_ascii()
+
+
 def _build_terminal() -> frozenset[str]:
     # Sentence terminals all live below U+20000 (the planes above hold only ideographs): scan those.
     chars = "".join(chr(c) for c in range(0x20000) if not 0xD800 <= c < 0xE000)
@@ -582,7 +594,7 @@ def is_unspaced_doc(text: str, lang: str | None) -> bool:
 
 def count_sentences(text: str) -> int:
     """Sentences in ``text``: runs of sentence-terminal punctuation ending a clause, plus a trailing rest."""
-    ends = list(_SENT_END_RE.finditer(text))
+    ends = list((_SENT_END_ASCII if text.isascii() else _SENT_END_RE).finditer(text))
     n = len(ends)
     tail = text[ends[-1].end():] if ends else text
     if tail.strip() and any(not is_punct_char(c) for c in tail.strip()):

@@ -277,3 +277,13 @@ def test_word_kind_shortcut_for_ascii_letters_and_digits_equals_the_general_rule
     words += ["".join(rng.choice("aZ09_.-é²'") for _ in range(rng.randint(1, 6))) for _ in range(3000)]
     for w in words:
         assert _word_kind(w) == general(w), w
+
+
+def test_c4_policy_phrases_without_cookie_are_the_two_searched_first() -> None:
+    """C4 searches a line for the policy phrases with "cookie" only when it holds "cookie"."""
+    from llmpipe.curation.quality import _POLICY
+
+    assert sorted(p for p in _POLICY if "cookie" not in p) == ["privacy policy", "terms of use"]
+    for phrase in _POLICY:
+        d = doc(GOOD_EN + f"\nThis page is about the {phrase} of the site, as you know.", lang="en")
+        assert C4QualityFilter().filter(d) is True and d.metadata["scores"]["c4"]["lines_dropped"] == {"policy": 1}

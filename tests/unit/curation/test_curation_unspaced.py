@@ -272,3 +272,18 @@ def test_no_word_spans_two_lines() -> None:
         assert T._line_tokens(f"a{sep}b") is None and T.doc_words(f"a{sep}b c").line_ends is None
     assert T.doc_words("日本語の文章です。\nEnglish.").line_ends is None  # segmentation sees the whole text
     assert T.doc_words(THAI).line_ends is None
+
+
+def test_ascii_sentence_ends_are_those_of_the_unicode_pattern() -> None:
+    """Sentences of ASCII text are counted with a standard-``re`` pattern: the same matches as the
+    ``regex`` one on random ASCII text built from terminals, closers, cases and whitespace."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    rng = random.Random(11)
+    alphabet = "aZ.!?\"')] \t\n\x0b\x1c;:-1"
+    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(20000)]
+    samples += ["It ends. Then... another!) 'Yes.' endNext. a.B", "".join(map(chr, range(128)))]
+    for text in samples:
+        assert [m.span() for m in T._SENT_END_ASCII.finditer(text)] == [m.span() for m in T._SENT_END_RE.finditer(text)], repr(text)
