@@ -113,6 +113,18 @@ def _word_re(unspaced: str, links: bool = True) -> regex.Pattern[str]:
     )
 
 
+# A superset of ``UNSPACED_RE`` in one class (its BMP ranges and every character above U+FFFF): half
+# its time to search a text, so a text it does not match (most: Latin with a curly quote or a dash) is
+# known to hold no unspaced character at that cost; a match is confirmed by ``UNSPACED_RE``.
+_MAYBE_UNSPACED_RE = re.compile(f"[{_ranges_class(tuple(r for r in UNSPACED_RANGES if r[1] <= 0xFFFF))}"
+                                "\U00010000-\U0010FFFF]")
+
+
+def has_unspaced(text: str) -> bool:
+    """Whether ``text`` holds a character of a script written without spaces (``UNSPACED_RE``)."""
+    return not text.isascii() and _MAYBE_UNSPACED_RE.search(text) is not None and UNSPACED_RE.search(text) is not None
+
+
 _WORD_RE = _word_re(_UNSPACED_CLASS)
 # The same words for a text without a Thai/Lao/Khmer/Myanmar character, ~20% faster (four fewer
 # script properties to test per character); ``_SEA_BLOCKS`` holds every character of those scripts.
@@ -432,7 +444,7 @@ class DocWords(NamedTuple):
 def _doc_words(text: str, lang: str | None) -> DocWords:
     """:class:`DocWords` of a text: by lines where no character of an unspaced script (segmented by
     runs, with the whole text choosing the segmenter) or information separator is in it."""
-    if not text.isascii() and UNSPACED_RE.search(text):
+    if has_unspaced(text):
         return DocWords(words_of(text, lang), None)
     split = _line_tokens(text)
     if split is None:
@@ -525,7 +537,7 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     regex; runs of CJK characters are segmented into words by the segmenter :func:`segmenter_lang`
     picks for ``text`` and ``lang``, runs of Thai, Lao, Khmer and Myanmar by ICU."""
     tokens = _tokens(text)
-    if text.isascii() or not UNSPACED_RE.search(text):  # no unspaced character: no run to segment
+    if not has_unspaced(text):  # no unspaced character: no run to segment
         return tuple(tokens)
     runs = [t for t in tokens if _UNSPACED_CHAR.match(t)]
     if not runs:

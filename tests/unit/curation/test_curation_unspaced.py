@@ -287,3 +287,13 @@ def test_ascii_sentence_ends_are_those_of_the_unicode_pattern() -> None:
     samples += ["It ends. Then... another!) 'Yes.' endNext. a.B", "".join(map(chr, range(128)))]
     for text in samples:
         assert [m.span() for m in T._SENT_END_ASCII.finditer(text)] == [m.span() for m in T._SENT_END_RE.finditer(text)], repr(text)
+
+
+def test_the_quick_unspaced_check_is_the_written_out_ranges() -> None:
+    """``has_unspaced`` first searches one class that holds every unspaced character (a superset, then
+    confirmed): on every code point it answers what ``UNSPACED_RE`` does."""
+    from llmpipe.curation import text as T
+
+    every = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    assert all(T._MAYBE_UNSPACED_RE.match(c) for c in every if UNSPACED_RE.match(c))
+    assert [c for c in every if T.has_unspaced(f"a’{c}")] == [c for c in every if UNSPACED_RE.match(c)]
