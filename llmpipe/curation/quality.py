@@ -20,6 +20,9 @@ differ it is on purpose and documented here:
   punctuation would raise them only to 0.977 / 0.965; reaching spaCy's split means its tokenizer's
   prefix/suffix/infix rules and exceptions, at spaCy's cost (datatrove's chain spends most of its
   time there).
+* A document is split into words once for every filter (:func:`llmpipe.curation.text.doc_words`,
+  cached a few batches deep); C4's rewritten text (its kept lines) gets the kept lines' words, which
+  are its words (no word spans two lines), so FineWeb does not split it again.
 * Runs of Thai, Lao, Khmer and Burmese are segmented into words too (ICU's dictionary break
   iterator), so a Thai paragraph is its words, not its space-separated phrases.
 * For documents written without spaces (``lang`` from langid in
