@@ -20,6 +20,9 @@ differ it is on purpose and documented here:
   punctuation would raise them only to 0.977 / 0.965; reaching spaCy's split means its tokenizer's
   prefix/suffix/infix rules and exceptions, at spaCy's cost (datatrove's chain spends most of its
   time there).
+* A document is split into words once for every filter (:func:`llmpipe.curation.text.doc_words`,
+  cached a few batches deep); C4's rewritten text (its kept lines) gets the kept lines' words, which
+  are its words (no word spans two lines), so FineWeb does not split it again.
 * Runs of Thai, Lao, Khmer and Burmese are segmented into words too (ICU's dictionary break
   iterator), so a Thai paragraph is its words, not its space-separated phrases.
 * For documents written without spaces (``lang`` from langid in
@@ -43,8 +46,10 @@ Every filter computes all its statistics (``scores``) before deciding, and the s
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from itertools import chain
 from operator import methodcaller
 from typing import Any
 
@@ -59,11 +64,13 @@ from llmpipe.curation.filters import Filter, ScoredFilter
 from llmpipe.curation.text import (
     TERMINAL_TUPLE,
     BoundedMemo,
+    cached_doc_words,
     check_segmenters,
     count_sentences,
     duplicate_stats,
     is_symbol_word,
     is_unspaced_doc,
+    remember_words,
     segmenter_lang,
     split_words,
     stop_words,
@@ -215,48 +222,66 @@ def _ngrams(words: tuple[str, ...], n: int) -> list[tuple[str, ...]]:
     return list(zip(*[words[i:] for i in range(n)], strict=False))  # the shifted views end early
 
 
-def _top_ngram_chars(words: tuple[str, ...], n: int, sep: int = 1) -> int:
-    """Characters covered by the most frequent n-gram (its words plus n-1 separators of ``sep``
-    characters, times its count); ties: the first seen (a Counter keeps first-seen order)."""
-    counts = Counter(_ngrams(words, n))
-    best = max(counts.values())
-    gram = next(g for g, c in counts.items() if c == best)
-    return (sum(map(len, gram)) + (n - 1) * sep) * best
+def _ngram_chars(words: tuple[str, ...], top_sizes: Collection[int], dup_sizes: Collection[int],
+                 sep: int = 1) -> tuple[dict[int, int], dict[int, int]]:
+    """({n: characters covered by the most frequent n-gram} for ``top_sizes``, {n: characters in
+    repeated n-grams} for ``dup_sizes``), each size up to ``len(words)`` (larger ones are left out).
 
+    Top n-gram: its words plus n-1 separators of ``sep`` characters, times its count; ties go to the
+    first seen; with no n-gram repeated, the first n-gram once. Duplicates: Gopher's scan, left to
+    right, a repeat counts its words' characters and the scan skips past it.
 
-def _dup_ngram_chars(words: tuple[str, ...], sizes: Sequence[int]) -> dict[int, int]:
-    """{n: characters in repeated n-grams} for ascending ``sizes`` (each <= ``len(words)``), each by
-    Gopher's scan: left to right, a repeat counts its words' characters and the scan skips past it.
-
-    Only n-grams that occur more than once can be a repeat or make a later one, so the scan visits
-    those positions alone. And an (n+1)-gram that repeats starts with an n-gram that repeats, so each
-    size looks only at the previous size's repeated positions: after the smallest size, a document's
-    few repeats, not its every word (on most documents, none: every larger size is 0 at once)."""
-    out: dict[int, int] = {}
+    Only n-grams that occur more than once can be a top n-gram seen more than once, a repeat, or make
+    a later repeat, and an (n+k)-gram that repeats starts with an n-gram that repeats, at every one of
+    its positions. So one count of every n-gram of the smallest size is enough: each larger size
+    counts only the n-grams at the positions where the size before repeated (in order, so first-seen
+    order holds), a document's few repeats instead of its every word (on most documents none: every
+    larger size is decided at once)."""
+    out_top: dict[int, int] = {}
+    out_dup: dict[int, int] = {}
     pos: Sequence[int] | None = None  # the positions that can start a repeated n-gram (None: all)
-    for n in sizes:
+    for n in sorted({n for n in (*top_sizes, *dup_sizes) if n <= len(words)}):
         if pos is None:
             grams = _ngrams(words, n)
             pos = range(len(grams))
+        elif not pos:  # nothing repeats at this size or beyond: the first n-gram once, no duplicate
+            if n in top_sizes:
+                out_top[n] = sum(map(len, words[:n])) + (n - 1) * sep
+            if n in dup_sizes:
+                out_dup[n] = 0
+            continue
         else:
-            pos = [p for p in pos if p + n <= len(words)]
+            pos = pos[: bisect_right(pos, len(words) - n)]  # ascending: those where an n-gram fits
             grams = [words[p : p + n] for p in pos]
         counts = Counter(grams)
         repeated = [] if len(counts) == len(grams) else [(p, g) for p, g in zip(pos, grams, strict=True) if counts[g] > 1]
-        seen: set[tuple[str, ...]] = set()
-        total, nxt = 0, 0  # nxt: the scan's next position
-        for p, g in repeated:
-            if p < nxt:  # skipped: inside a repeat counted before
-                continue
-            if g in seen:
-                total += sum(map(len, g))
-                nxt = p + n
-            else:
-                seen.add(g)
-                nxt = p + 1
-        out[n] = total
+        if n in top_sizes:
+            best, gram = 1, words[:n]
+            if repeated:
+                best = max(counts.values())
+                gram = next(g for g, c in counts.items() if c == best)
+            out_top[n] = (sum(map(len, gram)) + (n - 1) * sep) * best
+        if n in dup_sizes:
+            out_dup[n] = _dup_scan(repeated, n)
         pos = [p for p, _ in repeated]
-    return out
+    return out_top, out_dup
+
+
+def _dup_scan(repeated: list[tuple[int, tuple[str, ...]]], n: int) -> int:
+    """Gopher's duplicate n-gram scan over the (position, n-gram) of every n-gram seen more than once,
+    in order: the n-grams seen once can neither count nor be skipped into."""
+    seen: set[tuple[str, ...]] = set()
+    total, nxt = 0, 0  # nxt: the scan's next position
+    for p, g in repeated:
+        if p < nxt:  # skipped: inside a repeat counted before
+            continue
+        if g in seen:
+            total += sum(map(len, g))
+            nxt = p + n
+        else:
+            seen.add(g)
+            nxt = p + 1
+    return total
 
 
 class GopherRepetitionFilter(ScoredFilter):
@@ -278,8 +303,8 @@ class GopherRepetitionFilter(ScoredFilter):
         lines = _LINE_RE.split(text)
         l_dup, l_chars = duplicate_stats(lines)
         words = split_words(text, lang)
-        top = {n: _top_ngram_chars(words, n, sep) / n_chars if n <= len(words) else 0.0 for n in self.s.top_n_grams}
-        dup_chars = _dup_ngram_chars(words, sorted(n for n in self.s.dup_n_grams if n <= len(words)))
+        top_chars, dup_chars = _ngram_chars(words, self.s.top_n_grams, self.s.dup_n_grams, sep)
+        top = {n: top_chars[n] / n_chars if n in top_chars else 0.0 for n in self.s.top_n_grams}
         dup = {n: dup_chars[n] / n_chars if n in dup_chars else 0.0 for n in self.s.dup_n_grams}
         return {
             "dup_para_frac": p_dup / len(paras),
@@ -309,6 +334,8 @@ _CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 _END_PUNCT = (".", "?", "!", '"', "'")
 _CJK_END_PUNCT = _END_PUNCT + ("。", "！", "？", "」", "』", "”", "）")
 _POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+# (the filter searches the two without "cookie" first, the others only in a line with "cookie": the same
+# lines, a third of the searches; a test checks the phrases)
 
 
 class C4QualityFilter(ScoredFilter):
@@ -322,27 +349,46 @@ class C4QualityFilter(ScoredFilter):
         self.s = settings or C4Settings()
         self.default_lang = default_lang
 
-    def _lines(self, doc: Document) -> tuple[dict[str, Any], list[str]]:
+    def _lines(self, doc: Document, want_words: bool = False
+               ) -> tuple[dict[str, Any], list[str], list[tuple[str, ...]] | None]:
+        """(scores, kept lines, the kept lines' words): the words only with ``want_words``, and only
+        where the document's words by line are at hand (split by a filter before, no unspaced
+        script), else None."""
         s = self.s
-        cjk = is_unspaced_doc(doc.text, doc.metadata.get("lang") and doc_lang(doc, self.default_lang))
-        seg = segmenter_lang(doc.text, doc_lang(doc, self.default_lang)) if cjk else None
+        lang = doc_lang(doc, self.default_lang)
+        cjk = is_unspaced_doc(doc.text, doc.metadata.get("lang") and lang)
+        seg = segmenter_lang(doc.text, lang) if cjk else None
         ends = _CJK_END_PUNCT if cjk else _END_PUNCT
         dropped: Counter[str] = Counter()
         kept: list[str] = []
+        split = cached_doc_words(doc.text, lang) if want_words else None
+        by_line = split if split is not None and split.line_ends is not None else None
+        kept_words: list[tuple[str, ...]] | None = [] if by_line is not None else None
         n_sent, doc_rule = 0, None
         lines = doc.text.splitlines()
-        for line in lines:
+        for i, line in enumerate(lines):
             line = line.strip()
-            words = words_of(line, seg) if seg else line.split()  # C4's words: whitespace-separated
-            if s.max_word_length != -1 and words and max(map(len, words)) > s.max_word_length:
+            if seg:
+                words = words_of(line, seg)
+                n_words = len(words)
+                too_long = s.max_word_length != -1 and bool(words) and max(map(len, words)) > s.max_word_length
+            else:  # C4's words: whitespace-separated
+                too_long = s.max_word_length != -1 and len(line) > s.max_word_length and max(
+                    map(len, line.split())) > s.max_word_length  # no word is longer than its line
+                # only whether there are min_words_per_line words: split no further (the count is exact below it)
+                n_words = len(line.split(None, s.min_words_per_line))
+            if too_long:
                 dropped["too_long_word"] += 1
                 continue
-            if s.remove_citations:
+            cited = False
+            if s.remove_citations and "[" in line:  # every citation starts with one
+                n = len(line)
                 line = _CITATION_RE.sub("", line)
+                cited = len(line) != n  # every citation match has characters
             if s.filter_no_terminal_punct and (not line.endswith(ends) or line.endswith("...")):
                 dropped["no_terminal_punct"] += 1
                 continue
-            if len(words) < s.min_words_per_line:
+            if n_words < s.min_words_per_line:
                 dropped["too_few_words"] += 1
                 continue
             low = line.lower()
@@ -355,14 +401,17 @@ class C4QualityFilter(ScoredFilter):
             if s.filter_curly_bracket and "{" in line:
                 doc_rule = "curly_bracket"
                 break
-            if s.filter_policy and any(p in low for p in _POLICY):
+            if s.filter_policy and ("terms of use" in low or "privacy policy" in low
+                                    or ("cookie" in low and any(p in low for p in _POLICY))):
                 dropped["policy"] += 1
                 continue
             n_sent += count_sentences(line)
             kept.append(line)
+            if kept_words is not None and by_line is not None:  # a line without citations keeps its words
+                kept_words.append(words_of(line, lang) if cited else by_line.line(i))
         scores = {"cjk": cjk, "lines": len(lines), "lines_kept": len(kept), "lines_dropped": dict(dropped),
                   "n_sentences": n_sent, "doc_rule": doc_rule}
-        return scores, kept
+        return scores, kept, kept_words
 
     def scores(self, doc: Document) -> dict[str, Any]:
         return self._lines(doc)[0]
@@ -375,13 +424,15 @@ class C4QualityFilter(ScoredFilter):
         return None
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
-        sc, kept = self._lines(doc)
+        sc, kept, kept_words = self._lines(doc, want_words=self.s.remove_lines)
         self.set_scores(doc, sc)
         reason = self.decide(sc)
         if reason is not None:
             return False, reason
         if self.s.remove_lines and sc["lines_kept"] != sc["lines"]:
             doc.text = "\n".join(kept).strip()
+            if kept_words is not None:  # the new text's words, for the filters after (FineWeb): no new split
+                remember_words(doc.text, doc_lang(doc, self.default_lang), tuple(chain.from_iterable(kept_words)))
         return True
 
 

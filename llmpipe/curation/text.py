@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import regex
 
@@ -113,6 +113,18 @@ def _word_re(unspaced: str, links: bool = True) -> regex.Pattern[str]:
     )
 
 
+# A superset of ``UNSPACED_RE`` in one class (its BMP ranges and every character above U+FFFF): half
+# its time to search a text, so a text it does not match (most: Latin with a curly quote or a dash) is
+# known to hold no unspaced character at that cost; a match is confirmed by ``UNSPACED_RE``.
+_MAYBE_UNSPACED_RE = re.compile(f"[{_ranges_class(tuple(r for r in UNSPACED_RANGES if r[1] <= 0xFFFF))}"
+                                "\U00010000-\U0010FFFF]")
+
+
+def has_unspaced(text: str) -> bool:
+    """Whether ``text`` holds a character of a script written without spaces (``UNSPACED_RE``)."""
+    return not text.isascii() and _MAYBE_UNSPACED_RE.search(text) is not None and UNSPACED_RE.search(text) is not None
+
+
 _WORD_RE = _word_re(_UNSPACED_CLASS)
 # The same words for a text without a Thai/Lao/Khmer/Myanmar character, ~20% faster (four fewer
 # script properties to test per character); ``_SEA_BLOCKS`` holds every character of those scripts.
@@ -174,58 +186,67 @@ class BoundedMemo(dict[Any, Any]):
         return value
 
 
-class _ChunkTokens(BoundedMemo):
-    """The tokens of a whitespace-free chunk of ASCII text, by one word pattern, cached (bounded; long
-    chunks, URLs or minified code, are rare: not kept).
-
-    No token holds whitespace, and no alternative or lookaround of the ASCII patterns tells
-    whitespace from the start or end of the string, so a text's tokens are its chunks' tokens in
-    order; real text repeats its chunks ("the", "of", "function."), so most are a dict lookup instead
-    of a pattern run (~1.4x faster on a single pass over the benchmark's documents)."""
-
-    def __init__(self, pattern: re.Pattern[str], max_entries: int = 1 << 17, max_chunk: int = 64) -> None:
-        super().__init__(pattern.findall, max_entries, keep=lambda chunk: len(chunk) <= max_chunk)
-        self.findall = pattern.findall
-
-    def tokens(self, text: str) -> list[str]:
-        """``pattern.findall(text)`` for an ASCII text."""
-        if any(c in text for c in _SPLIT_ONLY_SPACE):
-            return self.findall(text)
-        return list(chain.from_iterable(map(self.__getitem__, text.split())))
+def _chunk_tokens(chunk: str) -> list[str]:
+    """``_WORD_RE.findall(chunk)`` for a chunk of text without whitespace, by the fastest pattern that
+    finds the same tokens there: the ``re`` one for ASCII, the one without the four Southeast Asian
+    scripts where none is, each without the URL / e-mail alternatives where the chunk has no ``://``
+    and no ``@`` (tests compare each with ``_WORD_RE`` on random text)."""
+    links = "://" in chunk or "@" in chunk
+    if chunk.isascii():
+        return (_WORD_RE_ASCII if links else _WORD_RE_ASCII_PLAIN).findall(chunk)
+    if _SEA_BLOCKS.search(chunk):
+        return (_WORD_RE if links else _WORD_RE_PLAIN).findall(chunk)
+    return (_WORD_RE_NO_SEA if links else _WORD_RE_NO_SEA_PLAIN).findall(chunk)
 
 
-_CHUNKS_ASCII, _CHUNKS_ASCII_PLAIN = _ChunkTokens(_WORD_RE_ASCII), _ChunkTokens(_WORD_RE_ASCII_PLAIN)
+# The tokens of a whitespace-free chunk of text, cached (bounded; long chunks, URLs, minified code or a
+# sentence of an unspaced script, are rare or do not repeat: not kept).
+#
+# No token holds whitespace, and no alternative or lookaround of the word patterns tells whitespace
+# from the start or end of the string, so a text's tokens are its chunks' tokens in order (``str.split``
+# cuts at exactly the patterns' whitespace plus the four information separators, which send a text to
+# the pattern instead). Real text repeats its chunks ("the", "of", "function.", "don’t"), so most are a
+# dict lookup instead of a pattern run: ~1.4x faster than the pattern on ASCII text, and a text with a
+# curly quote or an accent (three in four of real English documents) takes the same path, where the
+# ``regex`` pattern over its lines cost ~3x the ``re`` one.
+_CHUNKS = BoundedMemo(_chunk_tokens, keep=lambda chunk: len(chunk) <= 64)
+_SPLIT_ONLY_RE = re.compile("[" + "".join(_SPLIT_ONLY_SPACE) + "]")
+
+
+def _whole_pattern(text: str) -> regex.Pattern[str]:
+    """The word pattern for a whole text: what :func:`_chunk_tokens` picks for a chunk, for the text."""
+    links = "://" in text or "@" in text
+    if _SEA_BLOCKS.search(text):
+        return _WORD_RE if links else _WORD_RE_PLAIN
+    return _WORD_RE_NO_SEA if links else _WORD_RE_NO_SEA_PLAIN
 
 
 def _tokens(text: str) -> list[str]:
-    """``_WORD_RE.findall(text)``, by the faster pattern where it finds the same tokens: the ``re``
-    one for ASCII text, the one without the four Southeast Asian scripts when none is there, each
-    without the URL / e-mail alternatives when the text has no ``://`` and no ``@`` (most texts;
-    ~1.5x faster on English prose). A text with some non-ASCII lines (English with a curly quote or
-    an accent: most of them) gives its ASCII lines to the ``re`` pattern too, ~3x faster there: no
-    token holds or looks past a newline (one is whitespace to every alternative and lookaround), so
-    splitting at newlines changes no token."""
-    links = "://" in text or "@" in text
-    ascii_re = _CHUNKS_ASCII if links else _CHUNKS_ASCII_PLAIN
-    if text.isascii():
-        return ascii_re.tokens(text)
-    if not _SEA_BLOCKS.search(text):
-        unicode_re = _WORD_RE_NO_SEA if links else _WORD_RE_NO_SEA_PLAIN
-    else:
-        unicode_re = _WORD_RE if links else _WORD_RE_PLAIN
-    out: list[str] = []
-    run: list[str] = []  # consecutive ASCII lines, split in one call
-    for line in text.split("\n"):
-        if line.isascii():
-            run.append(line)
-            continue
-        if run:
-            out += ascii_re.tokens("\n".join(run))
-            run = []
-        out += unicode_re.findall(line)
-    if run:
-        out += ascii_re.tokens("\n".join(run))
-    return out
+    """``_WORD_RE.findall(text)``: the tokens of the text's whitespace-free chunks, in order (see
+    ``_CHUNKS``); a text with an information separator (whitespace to ``str.split`` only) goes to
+    the pattern whole."""
+    if _SPLIT_ONLY_RE.search(text):
+        return _whole_pattern(text).findall(text)
+    return list(chain.from_iterable(map(_CHUNKS.__getitem__, text.split())))
+
+
+def _line_tokens(text: str) -> tuple[list[str], tuple[int, ...]] | None:
+    """``(_tokens(text), ends)``, ``ends[i]`` the number of tokens up to the end of line ``i`` of
+    ``text.splitlines()``; None for a text with an information separator (``\\x1c``-``\\x1f``: three
+    of them end a line for ``splitlines`` and are no whitespace to the patterns, so a token can hold
+    one). Every other line boundary (``\\n``, ``\\r``, ``\\x0b``, ``\\x0c``, ``\\x85``, ``\\u2028``,
+    ``\\u2029``) is whitespace to every alternative and lookaround, so no token spans two lines and
+    the tokens of any lines of the text, joined by newlines, are those lines' tokens (a test checks
+    both on random and real text)."""
+    if _SPLIT_ONLY_RE.search(text):
+        return None
+    get = _CHUNKS.__getitem__
+    tokens: list[str] = []
+    ends: list[int] = []
+    for line in text.splitlines():
+        tokens += chain.from_iterable(map(get, line.split()))
+        ends.append(len(tokens))
+    return tokens, tuple(ends)
 
 
 _CJK_RE = regex.compile(rf"[{_CJK_CLASS}]")
@@ -236,6 +257,26 @@ _KANA_RE = regex.compile(r"[\p{Hiragana}\p{Katakana}]")
 _SENT_END_RE = regex.compile(
     r"(?<!\.)(?!\.\.)[\p{Sentence_Terminal}]+[\"'”’»)\]」』）]*(?=\s|$)|[。！？｡]+[」』”）]*"
     r"|(?<=\p{Ll})[.!?](?=\p{Lu})")
+
+
+def _sent_end_ascii() -> re.Pattern[str]:
+    r"""``_SENT_END_RE`` for ASCII text, on the standard ``re`` module (no Unicode property to test per
+    character): the same alternatives, each class reduced to its ASCII members (the full-width
+    terminals have none); a test compares the matches on random ASCII text.
+
+    Every match starts at a terminal (``.``, ``!`` or ``?``), so the pattern starts with one, and the
+    assertions made before it move after it, reading one character further back: the engine then
+    jumps from terminal to terminal instead of testing the assertions at every character (~3x
+    faster). ``(?<!\.)(?!\.\.)`` before the terminal is ``(?<!\.[term])(?!(?<=\.)\.)`` after it;
+    ``(?<=[a-z])`` before it is ``(?<=[a-z][.!?])`` after."""
+    term, close = _ascii_class(r"\p{Sentence_Terminal}"), _ascii_class(r"[\"'”’»)\]」』）]")
+    space, lower, upper = _ascii_class(r"\s"), _ascii_class(r"\p{Ll}"), _ascii_class(r"\p{Lu}")
+    assert set(term.replace("\\", "")) == set("!.?")  # the third alternative's [.!?] is the same class
+    return re.compile(rf"[{term}](?:(?<!\.[{term}])(?!(?<=\.)\.)[{term}]*[{close}]*(?=[{space}]|$)"
+                      rf"|(?<=[{lower}][{term}])(?=[{upper}]))")
+
+
+_SENT_END_ASCII = _sent_end_ascii()
 
 
 def _build_terminal() -> frozenset[str]:
@@ -385,48 +426,105 @@ def segment_runs(runs: list[str], lang: str) -> list[list[str]]:
     return out
 
 
+class DocWords(NamedTuple):
+    """A document's words, split once for every filter that counts them (see :func:`doc_words`)."""
+
+    words: tuple[str, ...]
+    # ``line_ends[i]``: the number of words up to the end of line ``i`` of ``text.splitlines()``, so
+    # line ``i``'s words are ``words[line_ends[i - 1]:line_ends[i]]``; None where the words of lines
+    # are not their share of the document's (see :func:`doc_words`)
+    line_ends: tuple[int, ...] | None
+
+    def line(self, i: int) -> tuple[str, ...]:
+        """The words of line ``i`` (``line_ends`` must not be None)."""
+        assert self.line_ends is not None
+        return self.words[self.line_ends[i - 1] if i else 0 : self.line_ends[i]]
+
+
+def _doc_words(text: str, lang: str | None) -> DocWords:
+    """:class:`DocWords` of a text: by lines where no character of an unspaced script (segmented by
+    runs, with the whole text choosing the segmenter) or information separator is in it."""
+    if has_unspaced(text):
+        return DocWords(words_of(text, lang), None)
+    split = _line_tokens(text)
+    if split is None:
+        return DocWords(tuple(_tokens(text)), None)
+    return DocWords(tuple(split[0]), split[1])
+
+
 class _WordsCache:
     """The words of the last documents split, bounded by their characters (thread-safe LRU).
 
     A filter stage runs each filter over a whole batch (1,024 documents) before the next, so the
-    three quality filters that count words ask for a document's words a batch apart: an 8-entry
-    cache split a document that passed Gopher quality twice more (a third of the stage's word
-    splitting on real text). Bounded by characters, not entries, so a batch of huge documents
-    cannot hold gigabytes of word strings."""
+    quality filters that count words ask for a document's words a batch apart: an 8-entry cache
+    split a document that passed Gopher quality twice more (a third of the stage's word splitting
+    on real text). Bounded by characters, not entries, so a batch of huge documents cannot hold
+    gigabytes of word strings."""
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
         self.chars = 0
-        self.entries: OrderedDict[tuple[str, str | None], tuple[str, ...]] = OrderedDict()
+        self.entries: OrderedDict[tuple[str, str | None], DocWords] = OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, text: str, lang: str | None) -> tuple[str, ...]:
+    def peek(self, text: str, lang: str | None) -> DocWords | None:
+        """The cached entry, or None (nothing computed)."""
         key = (text, lang)
         with self.lock:
-            words = self.entries.get(key)
-            if words is not None:
+            found = self.entries.get(key)
+            if found is not None:
                 self.entries.move_to_end(key)
-                return words
-        words = words_of(text, lang)
+            return found
+
+    def get(self, text: str, lang: str | None) -> DocWords:
+        found = self.peek(text, lang)
+        if found is not None:
+            return found
+        found = _doc_words(text, lang)
+        self.put(text, lang, found)
+        return found
+
+    def put(self, text: str, lang: str | None, entry: DocWords) -> None:
         if len(text) > self.max_chars // 4:
-            return words
+            return
+        key = (text, lang)
         with self.lock:
             if key not in self.entries:
-                self.entries[key] = words
+                self.entries[key] = entry
                 self.chars += len(text)
                 while self.chars > self.max_chars:
                     (old, _), _ = self.entries.popitem(last=False)
                     self.chars -= len(old)
-        return words
 
 
-_WORDS = _WordsCache(max_chars=4_000_000)  # ~3 batches of 1.3k-character documents; ~50 MB of words
+# ~3 batches of 1.3k-character documents (a batch's texts, and C4's rewrites of them); ~50 MB of words
+_WORDS = _WordsCache(max_chars=4_000_000)
 
 
 def split_words(text: str, lang: str | None = None) -> tuple[str, ...]:
     """Words of a document, ``lang`` being its language tag (or None); see :func:`words_of`.
     Cached (:class:`_WordsCache`): several filters ask for the same document (with the same ``lang``)."""
+    return _WORDS.get(text, lang).words
+
+
+def doc_words(text: str, lang: str | None = None) -> DocWords:
+    """:func:`split_words` with where each line's words are (``line_ends``), cached with it. The line
+    ends are there (not None) for a text with no character of an unspaced script and no information
+    separator (``\\x1c``-``\\x1f``): no word spans two lines (see ``_line_tokens``), so the words of
+    some of its lines, joined by newlines, are those lines' words in order."""
     return _WORDS.get(text, lang)
+
+
+def cached_doc_words(text: str, lang: str | None = None) -> DocWords | None:
+    """:func:`doc_words` where a filter before split the text, else None (nothing is computed)."""
+    return _WORDS.peek(text, lang)
+
+
+def remember_words(text: str, lang: str | None, words: tuple[str, ...]) -> None:
+    """Cache ``words`` as the words of ``text`` (which must be ``split_words(text, lang)``): for a
+    filter that rewrites a document from lines whose words it has (C4 drops lines), so the filters
+    after it do not split the new text again. Its lines' ends are not kept (``line_ends`` None)."""
+    _WORDS.put(text, lang, DocWords(words, None))
 
 
 def cjk_runs(text: str) -> list[str]:
@@ -439,7 +537,7 @@ def words_of(text: str, lang: str | None = None) -> tuple[str, ...]:
     regex; runs of CJK characters are segmented into words by the segmenter :func:`segmenter_lang`
     picks for ``text`` and ``lang``, runs of Thai, Lao, Khmer and Myanmar by ICU."""
     tokens = _tokens(text)
-    if text.isascii() or not UNSPACED_RE.search(text):  # no unspaced character: no run to segment
+    if not has_unspaced(text):  # no unspaced character: no run to segment
         return tuple(tokens)
     runs = [t for t in tokens if _UNSPACED_CHAR.match(t)]
     if not runs:
@@ -516,7 +614,7 @@ def is_unspaced_doc(text: str, lang: str | None) -> bool:
 
 def count_sentences(text: str) -> int:
     """Sentences in ``text``: runs of sentence-terminal punctuation ending a clause, plus a trailing rest."""
-    ends = list(_SENT_END_RE.finditer(text))
+    ends = list((_SENT_END_ASCII if text.isascii() else _SENT_END_RE).finditer(text))
     n = len(ends)
     tail = text[ends[-1].end():] if ends else text
     if tail.strip() and any(not is_punct_char(c) for c in tail.strip()):

@@ -142,23 +142,24 @@ def _top_chars_direct(words: list[str], n: int, sep: int) -> int:
 
 
 def test_ngram_figures_of_the_shortcuts_equal_gophers_scan() -> None:
-    """The duplicate scan restricted to repeated n-grams, each size to the previous size's repeats,
-    and the top n-gram from a Counter give the figures of the plain definitions (random word
-    sequences over small vocabularies: overlapping repeats, repeats inside skipped spans, ties)."""
+    """The duplicate scan and the top n-gram restricted to repeated n-grams, each size to the previous
+    size's repeats (top and duplicate sizes in one chain), give the figures of the plain definitions
+    (random word sequences over small vocabularies: overlapping repeats, repeats inside skipped
+    spans, ties, sizes past the document's length)."""
     import random
 
-    from llmpipe.curation.quality import _dup_ngram_chars, _top_ngram_chars
+    from llmpipe.curation.quality import _ngram_chars
 
     rng = random.Random(3)
-    for _ in range(2000):
+    for _ in range(3000):
         vocab = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 12))]
         words = tuple(rng.choice(vocab) for _ in range(rng.randint(1, 60)))
-        sizes = sorted(rng.sample(range(1, 11), rng.randint(1, 5)))
-        sizes = [n for n in sizes if n <= len(words)]
-        assert _dup_ngram_chars(words, sizes) == {n: _dup_chars_scan(list(words), n) for n in sizes}, words
-        for n in sizes:
-            for sep in (0, 1):
-                assert _top_ngram_chars(words, n, sep) == _top_chars_direct(list(words), n, sep), (words, n)
+        top_sizes = set(rng.sample(range(1, 11), rng.randint(0, 4)))
+        dup_sizes = set(rng.sample(range(1, 11), rng.randint(0, 5)))
+        sep = rng.randint(0, 1)
+        top, dup = _ngram_chars(words, top_sizes, dup_sizes, sep)
+        assert dup == {n: _dup_chars_scan(list(words), n) for n in dup_sizes if n <= len(words)}, words
+        assert top == {n: _top_chars_direct(list(words), n, sep) for n in top_sizes if n <= len(words)}, words
     text = "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3
     d = doc(text)
     GopherRepetitionFilter().filter(d)
@@ -192,6 +193,59 @@ def test_c4_removes_failing_lines_and_counts_them() -> None:
     assert keep_text.filter(d2) is True and d2.text == text
 
 
+def test_c4_hands_its_rewritten_text_the_words_of_its_kept_lines() -> None:
+    """C4 drops lines; the words of its new text come from the kept lines' words of the document that
+    Gopher quality split (a line that lost a citation is split again), so FineWeb does not split the
+    text twice: on random documents of good, failing, cited and accented lines with every kind of line
+    break, each equals a fresh split of the new text."""
+    import random
+
+    from llmpipe.curation.text import cached_doc_words, words_of
+
+    rng = random.Random(5)
+    lines = [*GOOD_EN.split("\n"), "See the note [1] and [citation needed] here.", "Its value was 3[2].5 in 1,000 runs.",
+             "The café’s “naïve” owner didn’t agree, she said.", "No terminal punctuation here",
+             "Please enable Javascript to view this page.", "Too short.", "[edit] The list ends here today.",
+             "Mail a.b@c.org or see https://x.org/a. for the rest.", "  ", ""]
+    breaks = ["\n", "\r\n", "\n\n", "\u2028", "\x85", "\r"]
+    rewritten = 0
+    for _ in range(400):
+        text = "".join(rng.choice(lines) + rng.choice(breaks) for _ in range(rng.randint(1, 10)))
+        d = doc(text, lang="en")
+        GopherQualityFilter().scores(d)  # splits the document (and caches its words by line)
+        if C4QualityFilter().filter(d) is not True or d.text == text:
+            continue
+        rewritten += 1
+        cached = cached_doc_words(d.text, "en")
+        assert cached is not None and cached.words == words_of(d.text, "en"), repr(text)
+        assert FineWebQualityFilter().scores(d)["list_ratio"] == d.text.count("\n") / max(len(words_of(d.text)), 1)
+    assert rewritten > 100
+
+
+def test_c4_word_rules_count_whitespace_words_as_defined() -> None:
+    """C4 splits a line only as far as its rules need (no word is longer than its line; the word count
+    only below ``min_words_per_line``): the lines dropped for long words and for too few words are
+    those of the plain definition, ``line.split()``, on random lines and settings."""
+    import random
+
+    rng = random.Random(9)
+    for _ in range(300):
+        max_len, min_words = rng.choice([-1, 0, 3, 8, 40]), rng.choice([-1, 0, 1, 3, 5])
+        lines = [" ".join("x" * rng.randint(1, 12) for _ in range(rng.randint(0, 7))) + rng.choice([".", "", "!"])
+                 for _ in range(rng.randint(1, 8))]
+        f = C4QualityFilter(C4Settings(max_word_length=max_len, min_words_per_line=min_words, min_num_sentences=-1))
+        want: dict[str, int] = {}
+        for line in "\n".join(lines).splitlines():
+            words = line.strip().split()
+            if max_len != -1 and words and max(map(len, words)) > max_len:
+                want["too_long_word"] = want.get("too_long_word", 0) + 1
+            elif not line.strip().endswith((".", "!")):
+                want["no_terminal_punct"] = want.get("no_terminal_punct", 0) + 1
+            elif len(words) < min_words:
+                want["too_few_words"] = want.get("too_few_words", 0) + 1
+        assert f.scores(doc("\n".join(lines)))["lines_dropped"] == want, (lines, max_len, min_words)
+
+
 FW_CASES = {
     "empty": ("  \n \n", {}),
     "line_punct_ratio": ("\n".join(f"a long line without punctuation number {i} here" for i in range(10)), {}),
@@ -223,3 +277,13 @@ def test_word_kind_shortcut_for_ascii_letters_and_digits_equals_the_general_rule
     words += ["".join(rng.choice("aZ09_.-é²'") for _ in range(rng.randint(1, 6))) for _ in range(3000)]
     for w in words:
         assert _word_kind(w) == general(w), w
+
+
+def test_c4_policy_phrases_without_cookie_are_the_two_searched_first() -> None:
+    """C4 searches a line for the policy phrases with "cookie" only when it holds "cookie"."""
+    from llmpipe.curation.quality import _POLICY
+
+    assert sorted(p for p in _POLICY if "cookie" not in p) == ["privacy policy", "terms of use"]
+    for phrase in _POLICY:
+        d = doc(GOOD_EN + f"\nThis page is about the {phrase} of the site, as you know.", lang="en")
+        assert C4QualityFilter().filter(d) is True and d.metadata["scores"]["c4"]["lines_dropped"] == {"policy": 1}

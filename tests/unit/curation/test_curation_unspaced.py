@@ -4,6 +4,7 @@ share one definition across quality, safety and dedup, and a Thai paragraph is j
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -199,20 +200,100 @@ def test_unspaced_re_matches_exactly_the_written_out_ranges() -> None:
     assert UNSPACED_RE.findall(every) == one_class.findall(every)
 
 
-def test_ascii_text_split_by_chunks_finds_the_pattern_tokens() -> None:
-    """ASCII text is split at whitespace and each chunk's tokens looked up (cached): the same tokens as
-    the pattern on the whole text, with the information separators (whitespace to ``str.split`` only)
-    sending the text to the pattern; the patterns' whitespace is ``str.split``'s less those four."""
+def test_text_split_by_chunks_finds_the_pattern_tokens() -> None:
+    """Text is split at whitespace and each chunk's tokens looked up (cached) by the fastest pattern for
+    the chunk: the same tokens as ``_WORD_RE`` on the whole text, ASCII or not, with the information
+    separators (whitespace to ``str.split`` only) sending the text to the pattern; the patterns'
+    whitespace is ``str.split``'s less those four, on every code point."""
     import random
+
+    import regex
 
     from llmpipe.curation import text as T
 
     assert T._ascii_class(r"\s") == re.escape("\t\n\x0b\x0c\r ")
+    every = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    assert [c for c in every if c.isspace() != bool(regex.match(r"\s", c))] == list(T._SPLIT_ONLY_SPACE)
     rng = random.Random(6)
-    alphabet = "ab1.,'-@:/htps  \t\n\x0b\x0c\r\x1c\x1f_()"
-    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(5000)]
-    samples += ["see https://x.org/a.b, it's 3.5 (a.b@c.org)\n" * 3, "a" * 100 + " " + "a" * 100 + ".b"]
+    alphabets = ("ab1.,'-@:/htps  \t\n\x0b\x0c\r\x1c\x1f_()",
+                 "aé’1.,'-@:/htps \n\r\x85\u2028\u3000\xa0\x1e日本ไ\u0301…()")
+    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+               for alphabet in alphabets for _ in range(5000)]
+    samples += ["see https://x.org/a.b, it's 3.5 (a.b@c.org)\n" * 3, "a" * 100 + " " + "a" * 100 + ".b",
+                "“Quoted” café, naïve. don’t\nsee http://é.org/ü, ภาษาไทย 3.14"]
     for text in samples:
-        for chunks, pattern in ((T._CHUNKS_ASCII, T._WORD_RE_ASCII), (T._CHUNKS_ASCII_PLAIN, T._WORD_RE_ASCII_PLAIN)):
-            assert chunks.tokens(text) == pattern.findall(text), repr(text)
-            assert chunks.tokens(text) == pattern.findall(text), repr(text)  # from the cache
+        want = T._WORD_RE.findall(text)
+        assert T._tokens(text) == want, repr(text)
+        assert T._tokens(text) == want, repr(text)  # from the cache
+
+
+def _line_samples(seed: int, n: int) -> list[str]:
+    """Random texts built to find a token that spans a line boundary: every character ``splitlines``
+    ends a line at, next to URLs, e-mails, numbers, clitics, ellipses, citations and accents."""
+    import random
+
+    rng = random.Random(seed)
+    pieces = ["it's", "3", ".", "5", ",", "a", "b", "’s", "...", "https://x.org/a", "a.b@c.org", "café", "e\u0301",
+              "[1]", "[edit]", "—", "“", "”", "!", " ", " ", "\t", "\xa0", "\u3000", "x.", ".y", "1,000", "@", "://"]
+    breaks = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\n\n", " \n "]
+    return ["".join(rng.choice(breaks) if rng.random() < 0.15 else rng.choice(pieces)
+                    for _ in range(rng.randint(0, 60))) for _ in range(n)]
+
+
+def test_no_word_spans_two_lines() -> None:
+    """Every line boundary but the information separators is whitespace to every alternative and
+    lookaround of the word patterns, so a text's words are its lines' words in order, and any lines of
+    it, stripped and joined by newlines, have exactly those lines' words (what lets C4's rewritten
+    text reuse the words of the document it came from): on random text built to find the seams (the
+    ASCII chunk path and the ``regex`` one) and on real prose of every sample language without an
+    unspaced script."""
+    import random
+
+    from llmpipe.curation import text as T
+    from llmpipe.data.multilingual import SAMPLES
+
+    rng = random.Random(8)
+    real = ["\n".join(paras) for lang, paras in sorted(SAMPLES.items()) if lang not in ("ja", "zh")]
+    for text in _line_samples(7, 6000) + real:
+        split = T._line_tokens(text)
+        assert split is not None
+        tokens, ends = split
+        assert tokens == T._WORD_RE.findall(text), repr(text)
+        lines = text.splitlines()
+        assert len(ends) == len(lines)
+        per_line = [T._WORD_RE.findall(line) for line in lines]
+        assert [tokens[a:b] for a, b in pairwise((0, *ends))] == per_line, repr(text)
+        some = sorted(rng.sample(range(len(lines)), rng.randint(0, len(lines))))
+        joined = "\n".join(lines[i].strip() for i in some).strip()
+        assert T._WORD_RE.findall(joined) == [w for i in some for w in per_line[i]], repr(text)
+        d = T.doc_words(text, "en")
+        assert d.words == words_of(text, "en") and [d.line(i) for i in range(len(lines))] == list(map(tuple, per_line))
+    for sep in T._SPLIT_ONLY_SPACE:  # a token can hold one: no line ends, words of the whole text
+        assert T._line_tokens(f"a{sep}b") is None and T.doc_words(f"a{sep}b c").line_ends is None
+    assert T.doc_words("日本語の文章です。\nEnglish.").line_ends is None  # segmentation sees the whole text
+    assert T.doc_words(THAI).line_ends is None
+
+
+def test_ascii_sentence_ends_are_those_of_the_unicode_pattern() -> None:
+    """Sentences of ASCII text are counted with a standard-``re`` pattern: the same matches as the
+    ``regex`` one on random ASCII text built from terminals, closers, cases and whitespace."""
+    import random
+
+    from llmpipe.curation import text as T
+
+    rng = random.Random(11)
+    alphabet = "aZ.!?\"')] \t\n\x0b\x1c;:-1"
+    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(20000)]
+    samples += ["It ends. Then... another!) 'Yes.' endNext. a.B", "".join(map(chr, range(128)))]
+    for text in samples:
+        assert [m.span() for m in T._SENT_END_ASCII.finditer(text)] == [m.span() for m in T._SENT_END_RE.finditer(text)], repr(text)
+
+
+def test_the_quick_unspaced_check_is_the_written_out_ranges() -> None:
+    """``has_unspaced`` first searches one class that holds every unspaced character (a superset, then
+    confirmed): on every code point it answers what ``UNSPACED_RE`` does."""
+    from llmpipe.curation import text as T
+
+    every = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    assert all(T._MAYBE_UNSPACED_RE.match(c) for c in every if UNSPACED_RE.match(c))
+    assert [c for c in every if T.has_unspaced(f"a’{c}")] == [c for c in every if UNSPACED_RE.match(c)]
