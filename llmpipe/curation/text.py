@@ -511,7 +511,8 @@ def doc_words(text: str, lang: str | None = None) -> DocWords:
     """:func:`split_words` with where each line's words are (``line_ends``), cached with it. The line
     ends are there (not None) for a text with no character of an unspaced script and no information
     separator (``\\x1c``-``\\x1f``): no word spans two lines (see ``_line_tokens``), so the words of
-    some of its lines, joined by newlines, are those lines' words in order."""
+    some of its lines, joined by newlines, are those lines' words in order. A text cached by
+    :func:`remember_words` (a C4 rewrite) comes back without line ends: callers then split its lines."""
     return _WORDS.get(text, lang)
 
 
