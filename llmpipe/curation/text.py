@@ -567,7 +567,7 @@ def _non_space(text: str) -> int:
 def cjk_ratio(text: str, sample: int = 4000) -> float:
     """Share of non-space characters that are CJK (on a prefix sample, to stay O(1) on huge docs)."""
     head = text[:sample]
-    if head.isascii() or not UNSPACED_RE.search(head):  # no CJK character: 0.0 without counting
+    if not has_unspaced(head):  # no CJK character: 0.0 without counting
         return 0.0
     non_space = _non_space(head)
     return len(_CJK_RE.findall(head)) / non_space if non_space else 0.0
@@ -583,7 +583,7 @@ def is_cjk_doc(text: str, lang: str | None) -> bool:
 def unspaced_ratio(text: str, sample: int = 4000) -> float:
     """Share of non-space characters from scripts written without spaces (on a prefix sample)."""
     head = text[:sample]
-    if head.isascii() or not UNSPACED_RE.search(head):  # no unspaced character: 0.0 without counting
+    if not has_unspaced(head):  # no unspaced character: 0.0 without counting
         return 0.0
     non_space = _non_space(head)
     return len(_UNSPACED_CHAR.findall(head)) / non_space if non_space else 0.0
